@@ -1,0 +1,47 @@
+"""Cluster profiles: what zeropilot knows about a place it can run jobs.
+
+A profile says which backend drives the cluster and what one node offers (accelerators, their
+memory, host memory) plus the settings every launch there needs (NCCL environment, namespace,
+partition, queue). Profiles come from a YAML file named in the settings; ``local`` always exists.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.core.spec import ENV_NAME_PATTERN, NAME_PATTERN
+
+
+class BackendKind(StrEnum):
+    LOCAL = "local"
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
+class ClusterProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    kind: BackendKind
+    accelerator: str = "cpu"  # e.g. "nvidia-h100-80gb"; "cpu" runs ranks as CPU processes
+    gpu_memory_gib: float = Field(default=16.0, gt=0)  # per accelerator; for "cpu" a per-rank budget
+    gpus_per_node: int = Field(default=2, gt=0)
+    cpu_memory_gib: float = Field(default=16.0, gt=0)  # per node
+    max_nodes: int = Field(default=1, gt=0)
+    nccl_env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(
+        default_factory=dict
+    )
+    # Slurm
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    # Kubernetes
+    namespace: str | None = None
+    queue: str | None = None  # Kueue LocalQueue name
+    scheduler_name: str | None = None  # e.g. "volcano"
+
+
+LOCAL_PROFILE = ClusterProfile(name="local", kind=BackendKind.LOCAL, max_nodes=2)

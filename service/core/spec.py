@@ -1,0 +1,188 @@
+"""The job spec: what a team asks zeropilot to run, validated before anything is stored.
+
+Every model forbids unknown keys so that a typo is an error naming the field, not a silently
+ignored setting. Values that later reach a shell, a file name or a Kubernetes object name are
+constrained here, at the door.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+class OptimizerImpl(StrEnum):
+    """Which implementation runs the step; their temporaries differ."""
+
+    AUTO = "auto"  # FusedAdam on GPUs, torch.optim on the CPU, DeepSpeedCPUAdam under offload
+    FUSED = "fused"
+    TORCH = "torch"
+
+
+class Offload(StrEnum):
+    AUTO = "auto"
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    ALL = "all"  # optimizer states and parameters (ZeRO-3 only)
+
+
+class AttentionImpl(StrEnum):
+    FLASH = "flash"  # flash / SDPA: no seq x seq score matrix kept
+    EAGER = "eager"
+
+
+class ModelSpec(Strict):
+    """A dense decoder transformer, by shape or by parameter count alone."""
+
+    parameters: PositiveInt | None = None
+    hidden_size: PositiveInt | None = None
+    num_layers: PositiveInt | None = None
+    num_heads: PositiveInt | None = None
+    num_kv_heads: PositiveInt | None = None
+    ffn_size: PositiveInt | None = None
+    vocab_size: PositiveInt | None = None
+    tied_embeddings: bool = True
+    attention: AttentionImpl = AttentionImpl.FLASH
+
+    @model_validator(mode="after")
+    def _shape_or_count(self) -> ModelSpec:
+        shape = (self.hidden_size, self.num_layers, self.num_heads, self.vocab_size)
+        if self.parameters is None and any(v is None for v in shape):
+            raise ValueError(
+                "give either model.parameters or the shape "
+                "(hidden_size, num_layers, num_heads, vocab_size)"
+            )
+        if self.hidden_size and self.num_heads and self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if self.num_heads and self.num_kv_heads and self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class TrainingSpec(Strict):
+    sequence_length: PositiveInt
+    global_batch_size: PositiveInt
+    micro_batch_size: PositiveInt | Literal["auto"] = "auto"
+    gradient_accumulation_steps: PositiveInt | None = None
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.AUTO
+    learning_rate: float = Field(default=3e-4, gt=0)
+    gradient_clipping: float | None = Field(default=1.0, ge=0)
+
+
+class ResourcesSpec(Strict):
+    cluster: Annotated[str, Field(pattern=NAME_PATTERN)] = "local"
+    nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt = 1
+    time_limit_minutes: PositiveInt | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ZeroSpec(Strict):
+    stage: Literal["auto", 0, 1, 2, 3] = "auto"
+    offload: Offload = Offload.AUTO
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _offload_needs_stage(self) -> ZeroSpec:
+        if self.offload == Offload.ALL and self.stage not in ("auto", 3):
+            raise ValueError(f"offload 'all' offloads parameters, which needs stage 3, not {self.stage}")
+        if self.offload == Offload.OPTIMIZER and self.stage == 0:
+            raise ValueError("offload 'optimizer' needs ZeRO stage 1, 2 or 3, not 0")
+        return self
+
+
+class CheckpointSpec(Strict):
+    dir: str | None = None  # default: the job's folder on the cluster's shared storage
+    interval_steps: PositiveInt = 100
+    resume: bool = True
+
+
+class EscalationSpec(Strict):
+    enabled: bool = True
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 4
+
+
+class JobSpec(Strict):
+    """One training job as a team submits it."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    team: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    entrypoint: Annotated[str, Field(min_length=1, max_length=1024)]
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
+    image: str | None = None
+    working_dir: str | None = None
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    model: ModelSpec
+    training: TrainingSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    zero: ZeroSpec = Field(default_factory=ZeroSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    escalation: EscalationSpec = Field(default_factory=EscalationSpec)
+    priority: Annotated[int, Field(ge=0, le=100)] = 50
+
+    @model_validator(mode="after")
+    def _batch_numbers_agree(self) -> JobSpec:
+        check_batch_numbers(self.training, self.resources.world_size)
+        return self
+
+
+def check_batch_numbers(training: TrainingSpec, data_parallel: int) -> None:
+    """Raise ValueError naming the numbers when global = micro x accumulation x dp cannot hold."""
+    total = training.global_batch_size
+    if total % data_parallel:
+        raise ValueError(
+            f"training.global_batch_size ({total}) is not divisible by the data-parallel size "
+            f"({data_parallel} = nodes x gpus_per_node)"
+        )
+    micro, accumulation = training.micro_batch_size, training.gradient_accumulation_steps
+    per_rank = total // data_parallel
+    if micro != "auto" and per_rank % micro:
+        raise ValueError(
+            f"training.micro_batch_size ({micro}) does not divide the per-rank batch ({per_rank} = "
+            f"global_batch_size {total} / data-parallel size {data_parallel})"
+        )
+    if micro != "auto" and accumulation is not None and micro * accumulation != per_rank:
+        raise ValueError(
+            f"train_batch_size must equal micro x accumulation x data-parallel size, but "
+            f"{micro} x {accumulation} x {data_parallel} = {micro * accumulation * data_parallel} "
+            f"!= global_batch_size {total}"
+        )
+    if micro == "auto" and accumulation is not None and per_rank % accumulation:
+        raise ValueError(
+            f"training.gradient_accumulation_steps ({accumulation}) does not divide the per-rank "
+            f"batch ({per_rank})"
+        )

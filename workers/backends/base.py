@@ -1,0 +1,84 @@
+"""The small interface every cluster backend implements: submit, poll, logs, cancel.
+
+A backend module exposes these four functions (see ``Backend``). ``submit`` is idempotent: the
+request carries a deterministic ``name`` and a second submit with the same name finds the first
+launch instead of starting another. Errors carry intent: ``PermanentError`` ends the attempt,
+``TemporaryError`` asks the caller to retry later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from service.core.clusters import ClusterProfile
+
+
+class PermanentError(Exception):
+    """The launch cannot succeed as asked (bad image, rejected spec, missing command)."""
+
+
+class TemporaryError(Exception):
+    """The cluster could not be reached or was busy; retry after ``delay_s``."""
+
+    def __init__(self, message: str, delay_s: float = 10.0) -> None:
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a backend needs to start one attempt; all of it already validated."""
+
+    name: str  # deterministic, DNS-1123 safe: the backend's object/job name
+    attempt_dir: Path  # rendered files (ds_config.json, hostfile) and logs live here
+    nodes: int
+    procs_per_node: int
+    entrypoint: str  # the training script, relative to working_dir or absolute
+    args: tuple[str, ...]  # literal arguments for the entrypoint, never shell-interpreted
+    ds_config_path: Path
+    env: dict[str, str]  # the job's env plus ZEROPILOT_* runtime variables
+    working_dir: Path
+    profile: ClusterProfile
+    image: str | None = None
+    time_limit_s: int | None = None
+    python: str | None = None  # interpreter whose deepspeed launcher runs the job (local/slurm)
+
+
+class BackendState(StrEnum):
+    PENDING = "PENDING"  # accepted, waiting for resources
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    LOST = "LOST"  # the backend no longer knows the job, or its supervisor vanished
+
+    @property
+    def terminal(self) -> bool:
+        return self in (self.SUCCEEDED, self.FAILED, self.CANCELLED, self.LOST)
+
+
+@dataclass
+class BackendStatus:
+    state: BackendState
+    exit_code: int | None = None
+    native_state: str = ""  # e.g. Slurm OUT_OF_MEMORY, pod reason OOMKilled
+    reason: str = ""  # human words: a pending reason, a termination message
+    log_tail: str = ""
+    node_exit_codes: dict[int, int] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    def submit(self, request: LaunchRequest) -> str:
+        """Start the attempt (or find it already started); return the backend reference."""
+        ...
+
+    def poll(self, profile: ClusterProfile, ref: str) -> BackendStatus: ...
+
+    def logs(self, profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str: ...
+
+    def cancel(self, profile: ClusterProfile, ref: str) -> None:
+        """Stop every process of the attempt; a no-op when it has already ended."""
+        ...

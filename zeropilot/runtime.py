@@ -1,0 +1,117 @@
+"""In-job runtime helper: report metrics, checkpoints and failure tags from a training process.
+
+zeropilot starts every rank with a few ``ZEROPILOT_*`` variables in its environment. This module
+reads them and talks to the API with the attempt's own token. It imports only the standard
+library so that it works in any training image, and a reporting failure never stops training:
+the run matters more than its telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+# A marker line the failure classifier also finds in the log tail when the API is unreachable.
+FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
+
+_OOM_GPU_PATTERNS = ("cuda out of memory", "outofmemoryerror", "hip out of memory", "out of memory")
+
+
+@dataclass
+class Reporter:
+    """Sends runtime reports for one attempt; disabled (a no-op) outside zeropilot."""
+
+    url: str | None = None
+    attempt_id: str | None = None
+    token: str | None = None
+    timeout_s: float = 5.0
+    _warned: bool = field(default=False, repr=False)
+
+    @classmethod
+    def from_env(cls) -> Reporter:
+        return cls(
+            url=os.environ.get("ZEROPILOT_URL"),
+            attempt_id=os.environ.get("ZEROPILOT_ATTEMPT_ID"),
+            token=os.environ.get("ZEROPILOT_ATTEMPT_TOKEN"),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url and self.attempt_id and self.token)
+
+    def metrics(
+        self,
+        step: int,
+        loss: float | None = None,
+        tokens_per_s: float | None = None,
+        memory_peak_bytes: int | None = None,
+        **extra: float,
+    ) -> None:
+        """Report one training step's numbers (call it from rank 0)."""
+        self._post(
+            "metrics",
+            {
+                "step": step,
+                "loss": loss,
+                "tokens_per_s": tokens_per_s,
+                "memory_peak_bytes": memory_peak_bytes,
+                "extra": extra,
+            },
+        )
+
+    def checkpoint(self, step: int, path: str, tag: str | None = None) -> None:
+        """Report a checkpoint that has been completely written (call it after save returns)."""
+        self._post("checkpoints", {"step": step, "path": os.path.abspath(path), "tag": tag})
+
+    def failure(self, failure_class: str, message: str) -> None:
+        """Tag this attempt's failure explicitly; the classifier trusts this tag first."""
+        print(f"{FAILURE_MARKER}{failure_class} {message[:200]}", file=sys.stderr, flush=True)
+        self._post("failure", {"failure_class": failure_class, "message": message[:2000]})
+
+    @contextmanager
+    def oom_guard(self) -> Iterator[None]:
+        """Tag allocator failures as OOM before the exception ends the process."""
+        try:
+            yield
+        except MemoryError as exc:
+            self.failure("OOM_HOST", f"MemoryError: {exc}")
+            raise
+        except RuntimeError as exc:  # torch.OutOfMemoryError subclasses RuntimeError
+            text = f"{type(exc).__name__}: {exc}"
+            if any(p in text.lower() for p in _OOM_GPU_PATTERNS):
+                self.failure("OOM_GPU", text)
+            raise
+
+    def _post(self, kind: str, payload: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        request = urllib.request.Request(
+            f"{str(self.url).rstrip('/')}/v1/runtime/attempts/{self.attempt_id}/{kind}",
+            data=json.dumps(payload).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read()
+        except (urllib.error.URLError, OSError) as exc:
+            if not self._warned:  # one warning, not one per step
+                print(f"zeropilot: could not report {kind}: {exc}", file=sys.stderr, flush=True)
+                self._warned = True
+
+
+def checkpoint_dir(default: str = "checkpoints") -> str:
+    """Where this attempt should save checkpoints."""
+    return os.environ.get("ZEROPILOT_CHECKPOINT_DIR", default)
+
+
+def resume_from() -> str | None:
+    """The checkpoint folder this attempt should resume from, if zeropilot chose one."""
+    return os.environ.get("ZEROPILOT_RESUME_FROM") or None
