@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.core.spec import ENV_NAME_PATTERN, NAME_PATTERN
 
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
 
 class BackendKind(StrEnum):
     LOCAL = "local"
@@ -38,6 +40,10 @@ class ClusterProfile(BaseModel):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    slurm_conf: str | None = None  # SLURM_CONF for sbatch/squeue/...; None: the environment's
+    cpus_per_node: int | None = Field(default=None, gt=0)  # cores per node; None: one per rank
+    # DeepSpeed's rendezvous port is picked in this range (Slurm: low + job id % size).
+    master_port_range: tuple[Port, Port] = (29500, 29999)
     # Kubernetes
     namespace: str | None = None
     queue: str | None = None  # Kueue LocalQueue name

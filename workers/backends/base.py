@@ -79,6 +79,10 @@ class Backend(Protocol):
 
     def logs(self, profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str: ...
 
+    def log_path(self, ref: str) -> str | None:
+        """A log file on storage the API can read (the attempt folder), if the backend has one."""
+        ...
+
     def cancel(self, profile: ClusterProfile, ref: str) -> None:
         """Stop every process of the attempt; a no-op when it has already ended."""
         ...

@@ -1,0 +1,79 @@
+"""FastAPI dependencies: settings, a database session, the calling user, the reporting attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
+
+from service.db.models import Attempt, User
+from service.db.session import get_engine
+from service.db.users import user_by_token
+from service.security import attempt_token_valid
+from service.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_db(settings: SettingsDep) -> Iterator[Session]:
+    with Session(get_engine(settings.database_url)) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def get_current_user(session: SessionDep, credentials: Credentials) -> User:
+    if credentials is None:
+        raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
+    user = user_by_token(session, credentials.credentials)
+    if user is None:
+        raise _unauthorized("unknown or revoked token")
+    return user
+
+
+CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def get_admin(user: CurrentUser) -> User:
+    if not user.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this needs an admin token")
+    return user
+
+
+AdminUser = Annotated[User, Depends(get_admin)]
+
+
+def get_reporting_attempt(
+    attempt_id: str, session: SessionDep, settings: SettingsDep, credentials: Credentials
+) -> Attempt:
+    """The attempt a training process reports for, proven by its runtime token."""
+    if credentials is None:
+        raise _unauthorized("missing attempt token")
+    if not attempt_token_valid(settings.secret_key(), attempt_id, credentials.credentials):
+        raise _unauthorized("attempt token does not match this attempt")
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"attempt {attempt_id} not found")
+    return attempt
+
+
+ReportingAttempt = Annotated[Attempt, Depends(get_reporting_attempt)]

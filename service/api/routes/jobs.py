@@ -1,0 +1,245 @@
+"""Job routes: submit, list, inspect, cancel, and read logs, metrics and checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from sqlmodel import Session, select
+
+from service.api.deps import CurrentUser, SessionDep, SettingsDep
+from service.api.schemas import (
+    AttemptPublic,
+    CheckpointPublic,
+    EventPublic,
+    JobDetail,
+    JobPublic,
+    JobsPublic,
+    LogsPublic,
+    MetricPublic,
+)
+from service.core.advisor import NoPlanFits, advise
+from service.core.clusters import ClusterProfile
+from service.core.spec import JobSpec
+from service.core.states import JobStatus
+from service.db import jobs as job_store
+from service.db.models import Job, Team, User
+from service.db.transitions import move_job
+from service.logtail import read_from, tail_lines
+from service.settings import Settings
+from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_task
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger(__name__)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobDetail)
+def create_job(
+    spec: JobSpec,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> JobDetail:
+    """Validate, plan and store a job; its launch is queued once the row is committed."""
+    team = _team_of(session, user)
+    if spec.team is not None and spec.team != team.name:
+        raise _unprocessable("team", f"you belong to team {team.name!r}, not {spec.team!r}")
+    profile = _profile_for(settings, spec)
+    try:
+        advice = advise(spec, profile)
+    except NoPlanFits as exc:
+        raise _unprocessable("resources", str(exc)) from exc
+    except ValueError as exc:  # e.g. zero.overrides that break the batch identity
+        raise _unprocessable("zero.overrides", str(exc)) from exc
+    try:
+        job, created = job_store.create_job(
+            session,
+            spec=spec,
+            plan=advice.plan.model_dump(mode="json"),
+            advice_reason=" ".join([advice.reason, *advice.warnings]).strip(),
+            user=user,
+            backend=profile.kind,
+            idempotency_key=idempotency_key,
+        )
+    except job_store.IdempotencyConflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    session.commit()
+    if created:
+        attempt = job_store.current_attempt(session, job)
+        assert attempt is not None
+        _enqueue(settings, LAUNCH_ATTEMPT, attempt.id)
+    else:
+        response.status_code = status.HTTP_200_OK
+    return _detail(session, job, team.name)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(
+    user: CurrentUser,
+    session: SessionDep,
+    status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
+    team: Annotated[str | None, Query(description="admins only: another team's jobs")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobsPublic:
+    """The caller's team's jobs, newest first."""
+    team_id = _team_filter(session, user, team)
+    rows, count = job_store.list_jobs(session, team_id, status_filter, limit, offset)
+    names = _team_names(session)
+    return JobsPublic(data=[_public(job, names[job.team_id]) for job in rows], count=count)
+
+
+@router.get("/{job_id}", response_model=JobDetail)
+def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
+    job = _visible_job(session, user, job_id)
+    return _detail(session, job, _team_names(session)[job.team_id])
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(
+    job_id: str, user: CurrentUser, session: SessionDep, settings: SettingsDep
+) -> JobPublic:
+    """Mark the job cancelled; a worker then stops its processes on the cluster."""
+    job = _visible_job(session, user, job_id)
+    if JobStatus(job.status).terminal:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, detail=f"job {job.id} already ended as {job.status}"
+        )
+    moved = move_job(
+        session, job, JobStatus.active(), JobStatus.CANCELLED, f"cancelled by {user.name}"
+    )
+    session.commit()
+    if moved and (attempt := job_store.current_attempt(session, job)) is not None:
+        _enqueue(settings, CANCEL_ATTEMPT, attempt.id)
+    return _public(job, _team_names(session)[job.team_id])
+
+
+@router.get("/{job_id}/logs", response_model=LogsPublic)
+def job_logs(
+    job_id: str,
+    user: CurrentUser,
+    session: SessionDep,
+    response: Response,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+    tail: Annotated[int, Query(ge=1, le=10000)] = 200,
+    offset: Annotated[int | None, Query(ge=0, description="follow: bytes already read")] = None,
+) -> LogsPublic:
+    """The tail of an attempt's log, or (with ``offset``) what was appended since."""
+    job = _visible_job(session, user, job_id)
+    number = attempt or job.current_attempt
+    row = next((a for a in job_store.attempts_of(session, job.id) if a.number == number), None)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}")
+    path = Path(row.log_path) if row.log_path else None
+    if path is None:
+        return LogsPublic(attempt=number, text="")
+    if offset is None:  # the tail, and where a follower should continue from
+        response.headers["X-Next-Offset"] = str(path.stat().st_size if path.is_file() else 0)
+        return LogsPublic(attempt=number, text=tail_lines(path, tail))
+    text, next_offset = read_from(path, offset)
+    response.headers["X-Next-Offset"] = str(next_offset)
+    return LogsPublic(attempt=number, text=text)
+
+
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic])
+def job_metrics(
+    job_id: str,
+    user: CurrentUser,
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0, description="only points newer than this id")] = 0,
+) -> list[MetricPublic]:
+    job = _visible_job(session, user, job_id)
+    points = job_store.metrics_of(session, job.id, after_id)
+    return [MetricPublic.model_validate(p) for p in points]
+
+
+@router.get("/{job_id}/checkpoints", response_model=list[CheckpointPublic])
+def job_checkpoints(job_id: str, user: CurrentUser, session: SessionDep) -> list[CheckpointPublic]:
+    job = _visible_job(session, user, job_id)
+    return [CheckpointPublic.model_validate(c) for c in job_store.checkpoints_of(session, job.id)]
+
+
+def _unprocessable(field: str, message: str) -> HTTPException:
+    detail = [{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}]
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
+
+
+def _profile_for(settings: Settings, spec: JobSpec) -> ClusterProfile:
+    profiles = settings.cluster_profiles()
+    profile = profiles.get(spec.resources.cluster)
+    if profile is None:
+        known = ", ".join(sorted(profiles))
+        raise _unprocessable(
+            "resources.cluster", f"unknown cluster {spec.resources.cluster!r}; known: {known}"
+        )
+    if spec.resources.nodes > profile.max_nodes:
+        raise _unprocessable(
+            "resources.nodes",
+            f"cluster {profile.name!r} offers at most {profile.max_nodes} nodes, "
+            f"the job asks for {spec.resources.nodes}",
+        )
+    return profile
+
+
+def _enqueue(settings: Settings, task: str, attempt_id: str) -> None:
+    try:
+        send_task(settings.broker_url, task, attempt_id)
+    except Exception:  # the job is stored; the reconcile sweep re-sends lost launches
+        log.warning("could not enqueue %s for attempt %s", task, attempt_id, exc_info=True)
+
+
+def _team_of(session: Session, user: User) -> Team:
+    team = session.get(Team, user.team_id)
+    assert team is not None
+    return team
+
+
+def _team_names(session: Session) -> dict[int, str]:
+    return {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
+
+
+def _team_filter(session: Session, user: User, team: str | None) -> int | None:
+    if team is None:
+        return user.team_id
+    if not user.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="only admins may list other teams")
+    row = session.exec(select(Team).where(Team.name == team)).first()
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"team {team!r} not found")
+    return row.id
+
+
+def _visible_job(session: Session, user: User, job_id: str) -> Job:
+    # Another team's job is "not found", not "forbidden": its existence is not disclosed.
+    job = job_store.get_job(session, job_id, None if user.is_admin else user.team_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
+    return job
+
+
+def _fields(job: Job) -> dict[str, object]:
+    # getattr, not model_dump: it reloads attributes that a commit expired.
+    return {name: getattr(job, name) for name in Job.model_fields}
+
+
+def _public(job: Job, team: str) -> JobPublic:
+    return JobPublic.model_validate({**_fields(job), "team": team})
+
+
+def _detail(session: Session, job: Job, team: str) -> JobDetail:
+    return JobDetail.model_validate(
+        {
+            **_fields(job),
+            "team": team,
+            "attempts": [AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)],
+            "events": [EventPublic.model_validate(e) for e in job_store.events_of(session, job.id)],
+            "metrics": [MetricPublic.model_validate(m) for m in job_store.metrics_of(session, job.id)],
+            "checkpoints": [
+                CheckpointPublic.model_validate(c) for c in job_store.checkpoints_of(session, job.id)
+            ],
+        }
+    )

@@ -1,0 +1,45 @@
+"""Reports from inside training processes, authenticated by the per-attempt runtime token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from service.api.deps import ReportingAttempt, SessionDep
+from service.api.schemas import CheckpointReport, FailureReport, MetricReport
+from service.db import jobs as job_store
+from service.db.models import JobEvent
+
+router = APIRouter(prefix="/v1/runtime/attempts/{attempt_id}", tags=["runtime"])
+
+
+@router.post("/metrics", status_code=status.HTTP_204_NO_CONTENT)
+def report_metrics(report: MetricReport, attempt: ReportingAttempt, session: SessionDep) -> None:
+    job_store.record_metric(session, attempt, report.model_dump())
+    session.commit()
+
+
+@router.post("/checkpoints", status_code=status.HTTP_204_NO_CONTENT)
+def report_checkpoint(
+    report: CheckpointReport, attempt: ReportingAttempt, session: SessionDep
+) -> None:
+    job_store.record_checkpoint(session, attempt, report.step, report.path, report.tag)
+    session.commit()
+
+
+@router.post("/failure", status_code=status.HTTP_204_NO_CONTENT)
+def report_failure(report: FailureReport, attempt: ReportingAttempt, session: SessionDep) -> None:
+    """The training process caught its own failure (e.g. an allocator OOM) before exiting."""
+    attempt.runtime_failure_tag = report.failure_class
+    attempt.failure_message = report.message
+    session.add(attempt)
+    session.add(
+        JobEvent(
+            job_id=attempt.job_id,
+            subject="attempt",
+            attempt_number=attempt.number,
+            from_status=attempt.status,
+            to_status=attempt.status,
+            reason=f"training reported {report.failure_class}: {report.message[:200]}",
+        )
+    )
+    session.commit()

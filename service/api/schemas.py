@@ -1,0 +1,140 @@
+"""The wire contract of the HTTP API, separate from the tables it is read from."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.core.states import AttemptStatus, JobStatus
+
+
+class Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class JobPublic(Public):
+    id: str
+    name: str
+    team: str
+    status: JobStatus
+    priority: int
+    cluster: str
+    current_attempt: int
+    failure_class: str | None
+    message: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class AttemptPublic(Public):
+    id: str
+    number: int
+    status: AttemptStatus
+    rung: str
+    plan: dict[str, Any]
+    backend: str
+    backend_name: str
+    backend_ref: str | None
+    native_state: str
+    exit_code: int | None
+    failure_class: str | None
+    failure_message: str
+    resumed_from: str | None
+    resume_method: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class EventPublic(Public):
+    id: int
+    subject: str
+    attempt_number: int | None
+    from_status: str | None
+    to_status: str
+    reason: str
+    created_at: datetime
+
+
+class MetricPublic(Public):
+    id: int
+    attempt_id: str
+    step: int
+    loss: float | None
+    tokens_per_s: float | None
+    memory_peak_bytes: int | None
+    created_at: datetime
+
+
+class CheckpointPublic(Public):
+    id: int
+    attempt_id: str
+    step: int
+    path: str
+    tag: str | None
+    created_at: datetime
+
+
+class JobDetail(JobPublic):
+    spec: dict[str, Any]
+    plan: dict[str, Any]
+    advice_reason: str
+    attempts: list[AttemptPublic]
+    events: list[EventPublic]
+    metrics: list[MetricPublic]
+    checkpoints: list[CheckpointPublic]
+
+
+class LogsPublic(BaseModel):
+    attempt: int
+    text: str
+
+
+class MetricReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(ge=0)
+    loss: float | None = None
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    memory_peak_bytes: int | None = Field(default=None, ge=0)
+    extra: dict[str, float] = Field(default_factory=dict)
+
+
+class CheckpointReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=4096)
+    tag: str | None = Field(default=None, max_length=255)
+
+
+class FailureReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    failure_class: str = Field(pattern=r"^[A-Z_]{2,32}$")
+    message: str = Field(default="", max_length=4000)
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+    team: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+    is_admin: bool = False
+
+
+class UserCreated(BaseModel):
+    name: str
+    team: str
+    is_admin: bool
+    token: str  # shown once; only its hash is stored
+
+
+class Me(BaseModel):
+    name: str
+    team: str
+    is_admin: bool

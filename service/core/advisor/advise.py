@@ -1,0 +1,145 @@
+"""``advise``: every candidate for a job on a cluster, the chosen plan, warnings and the reason.
+
+Pinned fields narrow the candidates. When nothing pinned fits but an unpinned plan would, the
+pins are honoured anyway (the user asked for them) and a warning names the predicted overshoot
+and the plan the advisor would have chosen. When nothing fits at all, NoPlanFits names the
+closest candidate and how far over budget it is.
+"""
+
+from __future__ import annotations
+
+from service.core.advisor.candidates import Budgets, enumerate_layouts, evaluate_layout
+from service.core.advisor.choice import capacity_key, choose, explain
+from service.core.advisor.constants import DEFAULT_HEADROOM
+from service.core.advisor.layout import Workload
+from service.core.advisor.models import GIB, Advice, Candidate, NoPlanFits, Policy
+from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
+from service.core.clusters import ClusterProfile
+from service.core.spec import JobSpec, Offload
+
+POLICIES = ("throughput", "capacity")
+
+
+def advise(
+    spec: JobSpec,
+    profile: ClusterProfile,
+    policy: Policy = "throughput",
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+) -> Advice:
+    """Predict memory for every candidate configuration and pick the plan under ``policy``."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom must be in [0, 1), not {headroom}")
+    work = build_workload(spec, profile)
+    budgets = Budgets(budget_bytes(profile, headroom), host_budget_bytes(profile, headroom))
+    candidates = evaluate_all(spec, work, budgets)
+    if not candidates:
+        raise ValueError(
+            "the pinned zero.stage and zero.offload leave no configuration to consider"
+        )
+    warnings = general_warnings(spec, work)
+    fitting = [c for c in candidates if c.fits]
+    if fitting:
+        plan = choose(fitting, policy)
+        return Advice(
+            plan=plan,
+            candidates=candidates,
+            warnings=warnings,
+            reason=explain(plan, candidates, policy, budgets.per_gpu),
+        )
+    return _advice_for_pins_that_do_not_fit(spec, work, budgets, candidates, warnings, policy)
+
+
+def evaluate_all(spec: JobSpec, work: Workload, budgets: Budgets) -> list[Candidate]:
+    return [
+        evaluate_layout(spec, work, layout, budgets) for layout in enumerate_layouts(spec, work)
+    ]
+
+
+def _advice_for_pins_that_do_not_fit(
+    spec: JobSpec,
+    work: Workload,
+    budgets: Budgets,
+    candidates: list[Candidate],
+    warnings: list[str],
+    policy: Policy,
+) -> Advice:
+    unpinned_spec = without_pins(spec)
+    unpinned = evaluate_all(unpinned_spec, work, budgets) if unpinned_spec != spec else candidates
+    alternatives = [c for c in unpinned if c.fits]
+    if not alternatives:
+        raise no_plan_fits(unpinned, budgets)
+    closest = min(candidates, key=capacity_key)
+    better = choose(alternatives, policy)
+    warnings.append(
+        f"the pinned settings ({pinned_summary(spec)}) do not fit: the closest, {closest.label()}, "
+        f"needs {closest.per_gpu_bytes.total / GIB:.2f} GiB per GPU of "
+        f"{budgets.per_gpu / GIB:.2f} GiB usable; unpinned, the advisor would choose "
+        f"{better.label()} ({better.per_gpu_bytes.total / GIB:.2f} GiB)"
+    )
+    reason = (
+        f"The pinned settings are honoured although no pinned configuration is predicted to fit; "
+        f"{closest.label()} needs the least memory among them."
+    )
+    return Advice(plan=closest, candidates=candidates, warnings=warnings, reason=reason)
+
+
+def without_pins(spec: JobSpec) -> JobSpec:
+    """The same job with stage, offload, checkpointing and micro-batch left to the advisor."""
+    zero = spec.zero.model_copy(
+        update={"stage": "auto", "offload": Offload.AUTO, "activation_checkpointing": "auto"}
+    )
+    training = spec.training.model_copy(
+        update={"micro_batch_size": "auto", "gradient_accumulation_steps": None}
+    )
+    return spec.model_copy(update={"zero": zero, "training": training})
+
+
+def pinned_summary(spec: JobSpec) -> str:
+    pins = []
+    if spec.zero.stage != "auto":
+        pins.append(f"zero.stage={spec.zero.stage}")
+    if spec.zero.offload != Offload.AUTO:
+        pins.append(f"zero.offload={spec.zero.offload.value}")
+    if spec.zero.activation_checkpointing != "auto":
+        pins.append(f"zero.activation_checkpointing={spec.zero.activation_checkpointing}")
+    if spec.training.micro_batch_size != "auto":
+        pins.append(f"training.micro_batch_size={spec.training.micro_batch_size}")
+    if spec.training.gradient_accumulation_steps is not None:
+        pins.append(
+            f"training.gradient_accumulation_steps={spec.training.gradient_accumulation_steps}"
+        )
+    return ", ".join(pins) or "none"
+
+
+def no_plan_fits(candidates: list[Candidate], budgets: Budgets) -> NoPlanFits:
+    """The error for a job nothing fits: the candidate closest to its budgets, and by how much."""
+
+    def overshoot(c: Candidate) -> tuple[int, str]:
+        gpu = c.per_gpu_bytes.total - budgets.per_gpu
+        host = c.cpu_bytes_per_node - budgets.host_per_node
+        return (gpu, "per-GPU") if gpu >= host else (host, "host per-node")
+
+    closest = min(candidates, key=lambda c: overshoot(c)[0])
+    over_by, where = overshoot(closest)
+    budget = budgets.per_gpu if where == "per-GPU" else budgets.host_per_node
+    return NoPlanFits(closest, over_by, budget, where)
+
+
+def general_warnings(spec: JobSpec, work: Workload) -> list[str]:
+    warnings = []
+    if work.shape.inferred:
+        shape = work.shape
+        warnings.append(
+            f"model shape inferred from the parameter count: hidden {shape.hidden}, "
+            f"{shape.layers} layers, {shape.heads} heads, vocabulary {shape.vocab}; give the "
+            "shape for better activation estimates"
+        )
+    if work.on_cpu and spec.zero.offload in (Offload.OPTIMIZER, Offload.ALL):
+        warnings.append(
+            "ranks run on the CPU here, so offload moves state within the same memory "
+            "and saves nothing"
+        )
+    return warnings

@@ -1,0 +1,93 @@
+"""The advisor's public data: one candidate configuration, the advice, and the no-fit error.
+
+These shapes are a wire contract (``POST /v1/advice``, ``zeropilot advise --json``, the plan stored
+on a job), so the field names and their meaning only ever grow, never change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+GIB = 1024**3
+
+OffloadDevice = Literal["none", "cpu"]
+Policy = Literal["throughput", "capacity"]
+
+
+class PerGpuBytes(BaseModel):
+    """Predicted bytes on one GPU at the peak of a training step, by what holds them.
+
+    ``total`` is the peak, not the plain sum: activations (forward/backward) and optimizer-step
+    temporaries are never alive together, so the peak counts only the larger of the two.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    params: int
+    gradients: int
+    optimizer: int
+    activations: int
+    buffers: int
+    temporaries: int
+    overhead: int
+    total: int
+
+
+class Candidate(BaseModel):
+    """One DeepSpeed configuration the advisor considered, with its predicted memory and cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    zero_stage: int
+    offload_optimizer: OffloadDevice
+    offload_param: OffloadDevice
+    activation_checkpointing: bool
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    per_gpu_bytes: PerGpuBytes
+    cpu_bytes_per_node: int
+    fits: bool
+    relative_cost: float
+    ds_config: dict[str, Any]
+
+    def label(self) -> str:
+        """A short human name, e.g. ``ZeRO-2 +offload(opt) +ckpt mb=4``."""
+        parts = [f"ZeRO-{self.zero_stage}"]
+        if self.offload_param == "cpu":
+            parts.append("+offload(opt+params)")
+        elif self.offload_optimizer == "cpu":
+            parts.append("+offload(opt)")
+        if self.activation_checkpointing:
+            parts.append("+ckpt")
+        parts.append(f"mb={self.micro_batch_size}x{self.gradient_accumulation_steps}")
+        return " ".join(parts)
+
+
+class Advice(BaseModel):
+    """The chosen plan, every candidate considered, and what the user should know."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    plan: Candidate
+    candidates: list[Candidate]
+    warnings: list[str]
+    reason: str
+
+
+class NoPlanFits(Exception):
+    """No candidate fits the memory budget; carries the closest one and the overshoot."""
+
+    def __init__(
+        self, closest: Candidate, over_by_bytes: int, budget_bytes: int, where: str = "per-GPU"
+    ) -> None:
+        self.closest = closest
+        self.over_by_bytes = over_by_bytes
+        self.budget_bytes = budget_bytes
+        needs = closest.per_gpu_bytes.total if where == "per-GPU" else closest.cpu_bytes_per_node
+        super().__init__(
+            f"no configuration fits the {where} budget of {budget_bytes / GIB:.2f} GiB; the "
+            f"closest, {closest.label()}, needs {needs / GIB:.2f} GiB, "
+            f"over by {over_by_bytes / GIB:.2f} GiB ({over_by_bytes} bytes)"
+        )

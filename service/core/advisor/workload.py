@@ -1,0 +1,64 @@
+"""Turn a JobSpec and a ClusterProfile into the facts the memory model works with.
+
+Hardware numbers come from the profile; a spec asking for more GPUs per node or more nodes than
+the cluster has is an error here, before any plan is made for hardware that does not exist.
+"""
+
+from __future__ import annotations
+
+from service.core.advisor.layout import Workload
+from service.core.advisor.models import GIB
+from service.core.advisor.shape import resolve_shape
+from service.core.clusters import ClusterProfile
+from service.core.spec import JobSpec, OptimizerImpl
+
+
+def build_workload(spec: JobSpec, profile: ClusterProfile) -> Workload:
+    check_resources(spec, profile)
+    training = spec.training
+    return Workload(
+        shape=resolve_shape(spec.model),
+        sequence_length=training.sequence_length,
+        global_batch=training.global_batch_size,
+        precision=training.precision.value,
+        optimizer=training.optimizer.value,
+        optimizer_impl=resolve_optimizer_impl(spec, profile),
+        nodes=spec.resources.nodes,
+        gpus_per_node=spec.resources.gpus_per_node,
+        on_cpu=runs_on_cpu(profile),
+    )
+
+
+def runs_on_cpu(profile: ClusterProfile) -> bool:
+    return profile.accelerator.strip().lower() == "cpu"
+
+
+def resolve_optimizer_impl(spec: JobSpec, profile: ClusterProfile) -> str:
+    """torch's AdamW on CPU ranks (no CUDA to build FusedAdam with), else what was asked."""
+    impl = spec.training.optimizer_impl
+    if runs_on_cpu(profile) or impl == OptimizerImpl.TORCH:
+        return "torch"
+    return "fused"
+
+
+def check_resources(spec: JobSpec, profile: ClusterProfile) -> None:
+    resources = spec.resources
+    if resources.gpus_per_node > profile.gpus_per_node:
+        raise ValueError(
+            f"resources.gpus_per_node ({resources.gpus_per_node}) exceeds the "
+            f"{profile.gpus_per_node} per node that cluster '{profile.name}' offers"
+        )
+    if resources.nodes > profile.max_nodes:
+        raise ValueError(
+            f"resources.nodes ({resources.nodes}) exceeds the {profile.max_nodes} nodes "
+            f"that cluster '{profile.name}' allows"
+        )
+
+
+def budget_bytes(profile: ClusterProfile, headroom: float) -> int:
+    """Usable bytes per GPU after the headroom kept free."""
+    return int(profile.gpu_memory_gib * GIB * (1.0 - headroom))
+
+
+def host_budget_bytes(profile: ClusterProfile, headroom: float) -> int:
+    return int(profile.cpu_memory_gib * GIB * (1.0 - headroom))

@@ -1,0 +1,128 @@
+"""SQLModel tables: teams, users, jobs, attempts, job events, metric points, checkpoints.
+
+Status columns are written only through ``service.db.transitions``; everything else here is plain
+storage. Specs and plans are stored as JSON exactly as validated, so a job can be re-planned or
+audited later.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Index, String, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from service.core.states import AttemptStatus, JobStatus
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return secrets.token_hex(8)
+
+
+class Team(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True, index=True, max_length=64)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class User(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True, index=True, max_length=64)
+    team_id: int = Field(foreign_key="team.id", index=True)
+    is_admin: bool = False
+    token_hash: str = Field(unique=True, index=True, max_length=64)  # sha256 of the bearer token
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key", name="uq_job_team_idempotency_key"),
+        Index("ix_job_team_created", "team_id", "created_at"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=16)
+    name: str = Field(max_length=64)
+    team_id: int = Field(foreign_key="team.id")
+    user_id: int = Field(foreign_key="user.id")
+    # Plain strings, not database enums: a new status must not need a type migration.
+    status: str = Field(default=JobStatus.PENDING, index=True, sa_type=String(16))
+    priority: int = 50
+    cluster: str = Field(max_length=64)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    advice_reason: str = ""
+    current_attempt: int = 0
+    failure_class: str | None = Field(default=None, max_length=32)
+    message: str = ""
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    spec_digest: str = Field(max_length=64)  # sha256 of the canonical spec, for Idempotency-Key reuse
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class Attempt(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempt_job_number"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=16)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=16)
+    number: int
+    status: str = Field(default=AttemptStatus.QUEUED, index=True, sa_type=String(16))
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    rung: str = ""  # which escalation step produced this plan ("advisor" for the first)
+    backend: str = Field(max_length=16)
+    backend_name: str = Field(max_length=63)  # deterministic object/job name on the cluster
+    backend_ref: str | None = None
+    native_state: str = ""
+    exit_code: int | None = None
+    failure_class: str | None = Field(default=None, max_length=32)
+    failure_message: str = ""
+    runtime_failure_tag: str | None = Field(default=None, max_length=32)
+    resumed_from: str | None = None  # checkpoint path this attempt resumed from
+    resume_method: str | None = None  # native | universal | fp32 | none
+    log_path: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class JobEvent(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=16)
+    attempt_number: int | None = None
+    subject: str = Field(max_length=8)  # "job" or "attempt"
+    from_status: str | None = Field(default=None, max_length=16)
+    to_status: str = Field(max_length=16)
+    reason: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class MetricPoint(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("attempt_id", "step", name="uq_metric_attempt_step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=16)
+    attempt_id: str = Field(foreign_key="attempt.id", max_length=16)
+    step: int
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    memory_peak_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    extra: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Checkpoint(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True, max_length=16)
+    attempt_id: str = Field(foreign_key="attempt.id", max_length=16)
+    step: int
+    path: str
+    tag: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)

@@ -1,0 +1,122 @@
+"""All configuration in one pydantic-settings object (env prefix ZEROPILOT_, nested with __).
+
+The embedded defaults need nothing but this machine: SQLite under the data folder, a broker
+kept in SQLite too (kombu's SQLAlchemy transport), the ``local`` backend. Production points
+``ZEROPILOT_DB__URL`` at PostgreSQL and ``ZEROPILOT_BROKER__URL`` at Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.core.clusters import LOCAL_PROFILE, ClusterProfile
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "zeropilot"
+
+
+class DatabaseSettings(BaseModel):
+    url: str | None = None  # default: sqlite file in the data folder
+    echo: bool = False
+
+
+class BrokerSettings(BaseModel):
+    url: str | None = None  # default: sqla+sqlite broker file in the data folder
+
+
+class AuthSettings(BaseModel):
+    # Signs per-attempt runtime tokens; default: a random key kept in the data folder.
+    secret_key: SecretStr | None = None
+
+
+class WorkerSettings(BaseModel):
+    reconcile_interval_s: float = Field(default=3.0, gt=0)
+    # A job left QUEUED/LAUNCHING this long without progress gets its launch task sent again.
+    launch_lease_s: float = Field(default=30.0, gt=0)
+    cancel_grace_s: float = Field(default=10.0, ge=0)
+    python: str | None = None  # interpreter for local/slurm launches; default: this one
+    # Crash-safety testing: sleep at these points of a launch so a test can kill the worker there.
+    fault_pause_before_submit_s: float = 0.0
+    fault_pause_after_submit_s: float = 0.0
+
+
+class ClusterSettings(BaseModel):
+    profiles_file: Path | None = None
+    default: str = "local"
+
+
+class ApiSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8321
+    # The address training processes use to report back; default http://host:port.
+    public_url: str | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ZEROPILOT_", env_nested_delimiter="__")
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    db: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    workers: WorkerSettings = Field(default_factory=WorkerSettings)
+    clusters: ClusterSettings = Field(default_factory=ClusterSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+
+    @property
+    def database_url(self) -> str:
+        return self.db.url or f"sqlite:///{self.data_dir / 'zeropilot.db'}"
+
+    @property
+    def broker_url(self) -> str:
+        return self.broker.url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def public_url(self) -> str:
+        return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.data_dir / "attempts"
+
+    def secret_key(self) -> bytes:
+        """The runtime-token signing key; created once in the data folder when not configured."""
+        if self.auth.secret_key is not None:
+            return self.auth.secret_key.get_secret_value().encode()
+        path = self.data_dir / "secret.key"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            draft = path.with_name(f".secret.key.{os.getpid()}")
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32))
+            try:  # link is atomic and refuses to replace: the first process to start wins
+                os.link(draft, path)
+            except FileExistsError:
+                pass
+            finally:
+                draft.unlink()
+        return path.read_text().strip().encode()
+
+    def cluster_profiles(self) -> dict[str, ClusterProfile]:
+        profiles = {LOCAL_PROFILE.name: LOCAL_PROFILE}
+        if self.clusters.profiles_file is not None:
+            raw = yaml.safe_load(self.clusters.profiles_file.read_text()) or {}
+            for item in raw.get("clusters", []):
+                profile = ClusterProfile.model_validate(item)
+                profiles[profile.name] = profile
+        return profiles
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

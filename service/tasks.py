@@ -1,0 +1,25 @@
+"""Names of the Celery tasks, shared by the API (which sends) and the workers (which run them).
+
+The API sends tasks by name so that it never imports the worker code that talks to clusters.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+LAUNCH_ATTEMPT = "zeropilot.launch_attempt"
+CANCEL_ATTEMPT = "zeropilot.cancel_attempt"
+RECONCILE = "zeropilot.reconcile"
+
+
+@lru_cache(maxsize=4)
+def _producer(broker_url: str) -> Any:
+    from celery import Celery  # only the sending side is needed here
+
+    return Celery("zeropilot-api", broker=broker_url, set_as_current=False)
+
+
+def send_task(broker_url: str, name: str, *args: str) -> None:
+    """Enqueue a task; call it only after the transaction that made the work has committed."""
+    _producer(broker_url).send_task(name, args=list(args))

@@ -1,0 +1,72 @@
+"""Shared fixtures: real databases (SQLite file and a fresh PostgreSQL database), real Redis."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from service.db.migrate import upgrade
+from service.db.session import get_engine
+from service.settings import (
+    AuthSettings,
+    BrokerSettings,
+    DatabaseSettings,
+    Settings,
+    WorkerSettings,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("ZEROPILOT_TEST_REDIS", "redis://127.0.0.1:6379/11")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A new, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"zp_test_{secrets.token_hex(4)}"
+    with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    url = f"{base}/{name}"
+    yield url
+    get_engine(url).dispose()
+    with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated database of each kind; tests using it run once per kind."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'zeropilot.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str, redis_url: str) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        db=DatabaseSettings(url=database_url),
+        broker=BrokerSettings(url=redis_url),
+        auth=AuthSettings(secret_key="test-secret-key"),
+        workers=WorkerSettings(reconcile_interval_s=1.0, launch_lease_s=5.0),
+    )

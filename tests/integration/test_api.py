@@ -1,0 +1,180 @@
+"""The HTTP API over a real database and a real Redis broker: auth, scoping, validation, idempotency."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from service.api.app import create_app
+from service.db.session import get_engine
+from service.db.users import create_user
+from service.security import attempt_token
+from service.settings import Settings
+from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT
+from tests.integration.helpers import tiny_spec
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def tokens(settings: Settings) -> dict[str, str]:
+    with Session(get_engine(settings.database_url)) as session:
+        made = {
+            "alice": create_user(session, "alice", "vision"),
+            "bob": create_user(session, "bob", "speech"),
+            "root": create_user(session, "root", "ops", is_admin=True),
+        }
+        session.commit()
+    return made
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def queued_tasks(redis_url: str) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of every message waiting in Celery's default queue in Redis."""
+    messages = redis.Redis.from_url(redis_url).lrange("celery", 0, -1)
+    result = []
+    for raw in reversed(messages):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        result.append((message["headers"]["task"], args))
+    return result
+
+
+def test_health_and_readiness(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+
+
+def test_requests_need_a_known_token(client: TestClient) -> None:
+    assert client.get("/v1/jobs").status_code == 401
+    response = client.get("/v1/jobs", headers=auth("zp_not-a-token"))
+    assert response.status_code == 401
+    assert "unknown" in response.json()["detail"]
+
+
+def test_submit_stores_plan_and_enqueues_launch_after_commit(
+    client: TestClient, tokens: dict[str, str], redis_url: str
+) -> None:
+    response = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"]))
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["status"] == "QUEUED" and job["team"] == "vision"
+    assert job["plan"]["ds_config"]["train_batch_size"] == 8
+    attempt = job["attempts"][0]
+    assert attempt["plan"] == job["plan"]
+    assert queued_tasks(redis_url) == [(LAUNCH_ATTEMPT, [attempt["id"]])]
+
+
+def test_idempotency_key_returns_the_same_job(
+    client: TestClient, tokens: dict[str, str], redis_url: str
+) -> None:
+    headers = {**auth(tokens["alice"]), "Idempotency-Key": "abc-123"}
+    first = client.post("/v1/jobs", json=tiny_spec(), headers=headers)
+    again = client.post("/v1/jobs", json=tiny_spec(), headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert len(queued_tasks(redis_url)) == 1  # one launch, not two
+    changed = client.post("/v1/jobs", json=tiny_spec("other"), headers=headers)
+    assert changed.status_code == 409
+    assert "different spec" in changed.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "change,field,words",
+    [
+        ({"name": "Bad_Name"}, "name", "should match pattern"),
+        ({"resources": {"cluster": "nowhere", "gpus_per_node": 2}}, "resources.cluster",
+         "unknown cluster 'nowhere'"),
+        ({"resources": {"nodes": 4, "gpus_per_node": 2}}, "resources.nodes", "at most 2 nodes"),
+        ({"training": {"sequence_length": 32, "global_batch_size": 7}}, "training.global_batch_size",
+         "not divisible by the data-parallel size"),
+        ({"team": "speech"}, "team", "you belong to team 'vision'"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field_and_stores_nothing(
+    client: TestClient,
+    tokens: dict[str, str],
+    redis_url: str,
+    change: dict[str, Any],
+    field: str,
+    words: str,
+) -> None:
+    response = client.post("/v1/jobs", json=tiny_spec(**change), headers=auth(tokens["alice"]))
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    named = [d for d in detail if ".".join(map(str, d["loc"][1:])).startswith(field) or field in d["msg"]]
+    assert any(words in d["msg"] for d in named), detail
+    assert client.get("/v1/jobs", headers=auth(tokens["alice"])).json()["count"] == 0
+    assert queued_tasks(redis_url) == []
+
+
+def test_other_teams_jobs_are_not_found(client: TestClient, tokens: dict[str, str]) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    for path in ("", "/logs", "/metrics", "/checkpoints"):
+        assert client.get(f"/v1/jobs/{job['id']}{path}", headers=auth(tokens["bob"])).status_code == 404
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(tokens["bob"])).status_code == 404
+    assert client.get("/v1/jobs", headers=auth(tokens["bob"])).json()["count"] == 0
+    admin_view = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["root"]))
+    assert admin_view.status_code == 200
+    other = client.get("/v1/jobs?team=vision", headers=auth(tokens["bob"]))
+    assert other.status_code == 403
+
+
+def test_cancel_moves_to_cancelled_once_and_enqueues_the_stop(
+    client: TestClient, tokens: dict[str, str], redis_url: str
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    response = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(tokens["alice"]))
+    assert response.json()["status"] == "CANCELLED"
+    again = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(tokens["alice"]))
+    assert again.status_code == 409
+    attempt_id = job["attempts"][0]["id"]
+    assert queued_tasks(redis_url)[-1] == (CANCEL_ATTEMPT, [attempt_id])
+    events = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["alice"])).json()["events"]
+    assert events[-1]["to_status"] == "CANCELLED" and "alice" in events[-1]["reason"]
+
+
+def test_runtime_reports_need_the_attempts_own_token(
+    client: TestClient, tokens: dict[str, str], settings: Settings
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    attempt_id = job["attempts"][0]["id"]
+    url = f"/v1/runtime/attempts/{attempt_id}"
+    good = auth(attempt_token(settings.secret_key(), attempt_id))
+    wrong = auth(attempt_token(settings.secret_key(), "someotherattempt"))
+    assert client.post(f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=wrong).status_code == 401
+    assert client.post(f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=auth(tokens["alice"])).status_code == 401
+    for step, loss in ((1, 2.5), (2, 2.0), (2, 1.9)):
+        assert client.post(f"{url}/metrics", json={"step": step, "loss": loss}, headers=good).status_code == 204
+    checkpoint = {"step": 2, "path": "/ckpt/global_step2", "tag": "global_step2"}
+    assert client.post(f"{url}/checkpoints", json=checkpoint, headers=good).status_code == 204
+    failure = {"failure_class": "OOM_GPU", "message": "CUDA out of memory"}
+    assert client.post(f"{url}/failure", json=failure, headers=good).status_code == 204
+    detail = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["alice"])).json()
+    assert [(m["step"], m["loss"]) for m in detail["metrics"]] == [(1, 2.5), (2, 1.9)]
+    assert detail["checkpoints"][0]["path"] == "/ckpt/global_step2"
+    assert "OOM_GPU" in detail["events"][-1]["reason"]
+
+
+def test_admin_creates_users_and_others_cannot(client: TestClient, tokens: dict[str, str]) -> None:
+    body = {"name": "carol", "team": "vision"}
+    assert client.post("/v1/users", json=body, headers=auth(tokens["alice"])).status_code == 403
+    created = client.post("/v1/users", json=body, headers=auth(tokens["root"]))
+    assert created.status_code == 201
+    me = client.get("/v1/me", headers=auth(created.json()["token"])).json()
+    assert me == {"name": "carol", "team": "vision", "is_admin": False}
+    assert client.post("/v1/users", json=body, headers=auth(tokens["root"])).status_code == 409

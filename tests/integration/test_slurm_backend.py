@@ -1,0 +1,256 @@
+"""The Slurm backend against a real Slurm: train, retry a submit, cancel, fail, run out of memory.
+
+Each test launches real jobs through ``workers.backends.slurm`` on the local cluster that
+``deploy/slurm/local-cluster.sh`` starts (two nodes in network namespaces), and checks what a
+user would: the final state, the exit code, the failure class, the checkpoint, the processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from service.core.failures import FailureClass, classify_failure
+from workers.backends import slurm
+from workers.backends.base import BackendState, BackendStatus, PermanentError
+
+from .slurm_fixtures import (
+    MEMORY_HOG_SCRIPT,
+    NODE_ADDRESSES,
+    PROBE_SCRIPT,
+    LocalSlurm,
+    launch_request,
+    slurm_cluster,
+    slurm_profile,
+    wait_for,
+    write_script,
+)
+
+__all__ = ["slurm_cluster"]  # the session fixture, imported so that pytest finds it
+
+RUNNING = frozenset({BackendState.RUNNING})
+
+
+def classify(status: BackendStatus) -> FailureClass:
+    return classify_failure(
+        exit_code=status.exit_code,
+        native_state=status.native_state,
+        reason=status.reason,
+        log_tail=status.log_tail,
+        runtime_tag=None,
+    )
+
+
+def test_tiny_deepspeed_job_trains_to_succeeded_with_a_checkpoint(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    request = launch_request(
+        tmp_path, profile, name="tiny-gpt-a1", entrypoint="examples/train_tiny.py",
+        args=("--steps", "10"),
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert (status.state, status.exit_code, status.native_state) == (
+        BackendState.SUCCEEDED, 0, "COMPLETED",
+    )  # fmt: skip
+    assert "step 10 loss" in status.log_tail
+    checkpoint = tmp_path / "checkpoints"
+    assert (checkpoint / "latest").read_text() == "global_step10"
+    assert (checkpoint / "global_step10").is_dir()
+
+
+def test_submitting_the_same_attempt_twice_starts_one_job(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    probe = write_script(tmp_path, "probe.py", PROBE_SCRIPT)
+    request = launch_request(
+        tmp_path, profile, name="retried-a1", entrypoint=probe, procs_per_node=1,
+        env={"PROBE_DIR": str(tmp_path), "PROBE_SLEEP_S": "300"},
+    )  # fmt: skip
+
+    first = slurm.submit(request)
+    again = slurm.submit(request)
+    (request.attempt_dir / slurm.JOB_ID_FILE).unlink()  # as if the worker died before noting it
+    after_crash = slurm.submit(request)
+
+    try:
+        assert first == again == after_crash
+        jobs = slurm_cluster.command("squeue", "--noheader", "--name=retried-a1", "--format=%i")
+        assert jobs.split() == [first.partition(":")[0]]
+    finally:
+        slurm.cancel(profile, first)
+
+
+def test_cancel_stops_every_process_of_a_running_job(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    request = launch_request(
+        tmp_path, profile, name="cancelled-a1", entrypoint="examples/train_tiny.py",
+        args=("--steps", "100000", "--checkpoint-interval", "100000"),
+    )  # fmt: skip
+    ref = slurm.submit(request)
+    wait_for(profile, ref, until=RUNNING, log_contains="step 2 loss")
+
+    slurm.cancel(profile, ref)
+    status = wait_for(profile, ref)
+
+    assert (status.state, status.native_state) == (BackendState.CANCELLED, "CANCELLED")
+    assert classify(status) == FailureClass.CANCELLED
+    leftovers = subprocess.run(
+        ["pgrep", "-f", str(request.ds_config_path)], capture_output=True, text=True
+    )
+    assert leftovers.stdout == ""
+    slurm.cancel(profile, ref)  # cancelling an ended job is a no-op
+
+
+def test_failing_command_is_failed_with_its_exit_code(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    probe = write_script(tmp_path, "probe.py", PROBE_SCRIPT)
+    request = launch_request(
+        tmp_path, profile, name="failing-a1", entrypoint=probe,
+        env={"PROBE_DIR": str(tmp_path), "PROBE_EXIT_CODE": "3"},
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert (status.state, status.exit_code, status.native_state) == (
+        BackendState.FAILED, 3, "FAILED",
+    )  # fmt: skip
+    assert status.node_exit_codes == {0: 3}
+    assert classify(status) == FailureClass.USER_ERROR
+
+
+def test_job_over_its_memory_limit_is_killed_and_classified_host_oom(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster, cpu_memory_gib=1.5)  # --mem=1536M, cgroup-enforced
+    hog = write_script(tmp_path, "hog.py", MEMORY_HOG_SCRIPT)
+    request = launch_request(
+        tmp_path, profile, name="hog-a1", entrypoint=hog, procs_per_node=1
+    )
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert status.state == BackendState.FAILED
+    assert "oom-kill in step" in status.reason
+    assert "the memory limit was not enforced" not in status.log_tail
+    assert classify(status) == FailureClass.OOM_HOST
+
+
+def test_allocator_failure_is_classified_gpu_oom(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    request = launch_request(
+        tmp_path, profile, name="allocator-a1", entrypoint="examples/train_tiny.py",
+        args=("--steps", "10", "--oom-at-step", "2"),
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert status.state == BackendState.FAILED
+    assert "ZEROPILOT_FAILURE_CLASS=OOM_GPU" in status.log_tail
+    assert classify(status) == FailureClass.OOM_GPU
+
+
+EVIL_VALUES = (
+    "it's",
+    'say "hi"',
+    "$(touch {marker})",
+    "`touch {marker}`",
+    "a; touch {marker}",
+    "first line\nsecond line",
+    "$HOME ${{PATH}} %j",
+    "*",
+    "",
+)
+
+
+def test_arguments_and_env_reach_the_training_process_literally(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    marker = tmp_path / "injected"
+    evil = [value.format(marker=marker) for value in EVIL_VALUES]
+    probe = write_script(tmp_path, "probe.py", PROBE_SCRIPT)
+    request = launch_request(
+        tmp_path, profile, name="quoting-a1", entrypoint=probe, procs_per_node=1,
+        args=tuple(evil),
+        env={"PROBE_DIR": str(tmp_path), **{f"EVIL_{i}": v for i, v in enumerate(evil)}},
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert status.state == BackendState.SUCCEEDED, status.log_tail
+    [seen] = json.loads((tmp_path / "probe.json").read_text())
+    # DeepSpeed's launcher adds --local_rank first; everything else arrives untouched.
+    assert seen["argv"] == [
+        "--local_rank=0", *evil, "--deepspeed_config", str(request.ds_config_path)
+    ]
+    assert seen["env"] == {
+        **{f"EVIL_{i}": v for i, v in enumerate(evil)},
+        "NCCL_DEBUG": "WARN",
+        "NCCL_IB_DISABLE": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    assert not marker.exists()
+
+
+def test_unsafe_job_name_is_rejected_before_anything_reaches_slurm(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    request = launch_request(
+        tmp_path, profile, name="x;scancel -u root", entrypoint="examples/train_tiny.py"
+    )
+
+    with pytest.raises(PermanentError):
+        slurm.submit(request)
+    assert not (request.attempt_dir / slurm.JOB_ID_FILE).exists()
+
+
+def test_two_node_job_crosses_namespaced_addresses(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster, cpus_per_node=1)
+    probe = write_script(tmp_path, "probe.py", PROBE_SCRIPT)
+    request = launch_request(
+        tmp_path, profile, name="two-nodes-a1", entrypoint=probe, nodes=2, procs_per_node=1,
+        env={"PROBE_DIR": str(tmp_path)},
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert status.state == BackendState.SUCCEEDED, status.log_tail
+    ranks = json.loads((tmp_path / "probe.json").read_text())
+    placed = {(rank["rank"], rank["hostname"], rank["address"]) for rank in ranks}
+    assert placed == {
+        (0, "zp-node1", NODE_ADDRESSES["zp-node1"]),
+        (1, "zp-node2", NODE_ADDRESSES["zp-node2"]),
+    }
+    assert f"master {NODE_ADDRESSES['zp-node1']}:" in status.log_tail
+
+
+def test_tiny_deepspeed_job_trains_across_two_nodes(
+    slurm_cluster: LocalSlurm, tmp_path: Path
+) -> None:
+    profile = slurm_profile(slurm_cluster, cpus_per_node=1)
+    request = launch_request(
+        tmp_path, profile, name="tiny-gpt-2n-a1", entrypoint="examples/train_tiny.py",
+        args=("--steps", "10"), nodes=2, procs_per_node=1,
+    )  # fmt: skip
+
+    status = wait_for(profile, slurm.submit(request))
+
+    assert status.state == BackendState.SUCCEEDED, status.log_tail
+    assert "nnodes=2, num_local_procs=1, node_rank=1" in slurm.logs(profile, slurm.submit(request))
+    assert (tmp_path / "checkpoints" / "global_step10").is_dir()

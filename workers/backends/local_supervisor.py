@@ -1,0 +1,138 @@
+"""The detached process that runs one local attempt: one DeepSpeed launcher per "node".
+
+It outlives the Celery worker that started it (own session), so killing a worker never kills
+training. It holds an exclusive lock on ``supervisor.lock`` for its whole life: the backend reads
+"lock held" as running, and a second supervisor for the same attempt exits at once. The
+``started`` marker makes a launch happen at most once, even after a crash.
+
+Files in the attempt folder: ``launch.json`` (input), ``supervisor.pid``, ``started``,
+``node-R.log``, ``result.json`` (exit codes, written last and atomically), ``cancel`` (request).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+POLL_S = 0.5
+LOCK_WAIT_S = 2.0
+
+
+def main(attempt_dir: Path) -> int:
+    lock = (attempt_dir / "supervisor.lock").open("a")
+    if not _acquire(lock):
+        return 0  # another supervisor runs this attempt
+    if (attempt_dir / "started").exists() or (attempt_dir / "cancel").exists():
+        return 0  # launched before (never twice), or cancelled before it began
+    (attempt_dir / "supervisor.pid").write_text(str(os.getpid()))
+    (attempt_dir / "started").write_text(str(time.time()))
+    launch = json.loads((attempt_dir / "launch.json").read_text())
+    cancelled = _watch_for_cancel()
+    nodes = [_start_node(attempt_dir, launch, node) for node in launch["nodes"]]
+    (attempt_dir / "nodes.json").write_text(json.dumps([p.pid for _r, p, _l in nodes]))
+    codes, first_failure = _wait(nodes, cancelled, float(launch.get("cancel_grace_s", 10)))
+    _write_result(attempt_dir, codes, first_failure, cancelled["flag"])
+    return 0
+
+
+def _acquire(lock: TextIO) -> bool:
+    # A status check holds the lock for an instant; retry briefly before concluding "taken".
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _watch_for_cancel() -> dict[str, bool]:
+    state = {"flag": False}
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        state["flag"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return state
+
+
+def _start_node(
+    attempt_dir: Path, launch: dict[str, Any], node: dict[str, Any]
+) -> tuple[int, subprocess.Popen[bytes], TextIO]:
+    log = (attempt_dir / f"node-{node['rank']}.log").open("a")
+    process = subprocess.Popen(
+        node["argv"],
+        cwd=launch["cwd"],
+        env=launch["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: cancel kills launcher and ranks together
+    )
+    return node["rank"], process, log
+
+
+def _wait(
+    nodes: list[tuple[int, subprocess.Popen[bytes], TextIO]],
+    cancelled: dict[str, bool],
+    grace_s: float,
+) -> tuple[dict[int, int], int | None]:
+    """Wait for every node; return exit codes and the rank that failed first, if any."""
+    codes: dict[int, int] = {}
+    first_failure: int | None = None
+    stopping_since: float | None = None
+    while len(codes) < len(nodes):
+        for rank, process, _log in nodes:
+            if rank not in codes and (code := process.poll()) is not None:
+                codes[rank] = 128 - code if code < 0 else code  # signal N -> 128+N, like a shell
+                if codes[rank] != 0 and first_failure is None and stopping_since is None:
+                    first_failure = rank
+        if (cancelled["flag"] or first_failure is not None) and stopping_since is None and len(codes) < len(nodes):
+            # One node failing leaves the others blocked in collectives: stop them too.
+            stopping_since = time.monotonic()
+            _signal_all(nodes, codes, signal.SIGTERM)
+        if stopping_since is not None and time.monotonic() - stopping_since > grace_s:
+            _signal_all(nodes, codes, signal.SIGKILL)
+        time.sleep(POLL_S)
+    for _rank, _process, log in nodes:
+        log.close()
+    return codes, first_failure
+
+
+def _signal_all(
+    nodes: list[tuple[int, subprocess.Popen[bytes], TextIO]], done: dict[int, int], sig: int
+) -> None:
+    for rank, process, _log in nodes:
+        if rank not in done:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _write_result(
+    attempt_dir: Path, codes: dict[int, int], first_failure: int | None, cancelled: bool
+) -> None:
+    result = {
+        "exit_codes": codes,
+        "first_failure": first_failure,
+        "cancelled": cancelled,
+        "at": time.time(),
+    }
+    draft = attempt_dir / "result.json.tmp"
+    draft.write_text(json.dumps(result))
+    draft.replace(attempt_dir / "result.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,221 @@
+"""The Slurm backend: one sbatch job per attempt, watched with scontrol, stopped with scancel.
+
+The reference is ``"<slurm job id>:<absolute attempt folder>"``: the id to ask Slurm about, and
+the folder (on storage the cluster shares) with the scripts, the log and the exit-code file. The
+job is named after the attempt, so a retried ``submit`` finds the job it already started (the id
+file in the folder, else ``squeue --name``) instead of starting a second one. Without accounting
+Slurm forgets a finished job after MinJobAge; ``poll`` then reads the exit code the batch script
+left in the folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from service.core.clusters import ClusterProfile
+from service.logtail import tail_lines as read_tail
+from workers.backends.base import (
+    BackendState,
+    BackendStatus,
+    LaunchRequest,
+    PermanentError,
+    TemporaryError,
+)
+from workers.backends.slurm_commands import (
+    UnknownJobError,
+    parse_exit_code,
+    parse_fields,
+    parse_sacct,
+    run_slurm,
+)
+from workers.backends.slurm_render import (
+    BATCH_SCRIPT,
+    NODE_SCRIPT,
+    exit_code_file,
+    log_file,
+    render_batch_script,
+    render_node_script,
+)
+
+JOB_ID_FILE = "slurm_job_id"
+CANCEL_MARKER = "slurm_cancel_requested"
+POLL_TAIL_LINES = 80
+
+_STATES = {
+    "PENDING": BackendState.PENDING,
+    "CONFIGURING": BackendState.PENDING,
+    "REQUEUED": BackendState.PENDING,  # it will run again
+    "REQUEUE_HOLD": BackendState.PENDING,
+    "REQUEUE_FED": BackendState.PENDING,
+    "RESV_DEL_HOLD": BackendState.PENDING,
+    "SUSPENDED": BackendState.PENDING,
+    "RUNNING": BackendState.RUNNING,
+    "COMPLETING": BackendState.RUNNING,  # processes ended, the nodes are still cleaning up
+    "SIGNALING": BackendState.RUNNING,
+    "STAGE_OUT": BackendState.RUNNING,
+    "RESIZING": BackendState.RUNNING,
+    "COMPLETED": BackendState.SUCCEEDED,
+    "CANCELLED": BackendState.CANCELLED,
+    "FAILED": BackendState.FAILED,
+    "TIMEOUT": BackendState.FAILED,
+    "NODE_FAIL": BackendState.FAILED,
+    "PREEMPTED": BackendState.FAILED,
+    "OUT_OF_MEMORY": BackendState.FAILED,
+    "BOOT_FAIL": BackendState.FAILED,
+    "DEADLINE": BackendState.FAILED,
+    "REVOKED": BackendState.FAILED,
+    "SPECIAL_EXIT": BackendState.FAILED,
+}
+_STEP_OOM = re.compile(r"Detected \d+ oom[-_]kill event\(s\) in StepId=(\S+?)\.? ")
+_TASK_EXIT = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-(\d+))?: Exited with exit code (\d+)")
+
+
+def submit(request: LaunchRequest) -> str:
+    batch_script, node_script = render_batch_script(request), render_node_script(request)
+    attempt_dir = request.attempt_dir.absolute()
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    with _submit_lock(attempt_dir):  # two workers retrying one launch submit once
+        job_id = _existing_job(request, attempt_dir)
+        if job_id is None:
+            (attempt_dir / NODE_SCRIPT).write_text(node_script)
+            (attempt_dir / BATCH_SCRIPT).write_text(batch_script)
+            job_id = _sbatch(request.profile, attempt_dir)
+    return encode_ref(job_id, attempt_dir)
+
+
+def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
+    job_id, attempt_dir = decode_ref(ref)
+    fields = _scontrol_job(profile, job_id) or _sacct_job(profile, job_id)
+    if fields is None:
+        return _status_from_files(job_id, attempt_dir)
+    native_state = fields.get("JobState", "UNKNOWN")
+    state = _STATES.get(native_state, BackendState.RUNNING)  # an unknown word is not an ending
+    log_tail = read_tail(log_file(attempt_dir, job_id), POLL_TAIL_LINES)
+    return BackendStatus(
+        state,
+        exit_code=parse_exit_code(fields.get("ExitCode", "")) if state.terminal else None,
+        native_state=native_state,
+        reason=_reason(fields.get("Reason", ""), log_tail),
+        log_tail=log_tail,
+        node_exit_codes=_node_exit_codes(log_tail),
+    )
+
+
+def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
+    job_id, attempt_dir = decode_ref(ref)
+    return read_tail(log_file(attempt_dir, job_id), tail_lines)
+
+
+def log_path(ref: str) -> str:
+    job_id, attempt_dir = decode_ref(ref)
+    return str(log_file(attempt_dir, job_id))
+
+
+def cancel(profile: ClusterProfile, ref: str) -> None:
+    job_id, attempt_dir = decode_ref(ref)
+    (attempt_dir / CANCEL_MARKER).touch()  # tells a later poll why, once Slurm has forgotten
+    try:
+        run_slurm(profile, ["scancel", job_id])
+    except UnknownJobError:
+        return  # ended and forgotten already: nothing left to stop
+
+
+def encode_ref(job_id: str, attempt_dir: Path) -> str:
+    return f"{job_id}:{attempt_dir}"
+
+
+def decode_ref(ref: str) -> tuple[str, Path]:
+    job_id, sep, folder = ref.partition(":")
+    if not (sep and job_id.isdigit() and folder.startswith("/")):
+        raise PermanentError(f"not a Slurm backend reference: {ref!r}")
+    return job_id, Path(folder)
+
+
+@contextmanager
+def _submit_lock(attempt_dir: Path) -> Iterator[None]:
+    with (attempt_dir / ".slurm_submit.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _existing_job(request: LaunchRequest, attempt_dir: Path) -> str | None:
+    recorded = attempt_dir / JOB_ID_FILE
+    if recorded.exists():
+        return recorded.read_text().strip()
+    # sbatch may have succeeded right before a crash that lost its answer: ask by name.
+    listed = run_slurm(
+        request.profile,
+        ["squeue", "--me", "--noheader", "--states=all", f"--name={request.name}", "--format=%i"],
+    ).split()
+    if listed:
+        _record_job_id(attempt_dir, listed[0])
+        return listed[0]
+    return None
+
+
+def _sbatch(profile: ClusterProfile, attempt_dir: Path) -> str:
+    answer = run_slurm(profile, ["sbatch", "--parsable", BATCH_SCRIPT], cwd=attempt_dir)
+    job_id = answer.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
+    if not job_id.isdigit():
+        raise TemporaryError(f"sbatch answered {answer!r}, not a job id")
+    _record_job_id(attempt_dir, job_id)
+    return job_id
+
+
+def _record_job_id(attempt_dir: Path, job_id: str) -> None:
+    draft = attempt_dir / f".{JOB_ID_FILE}.tmp"
+    draft.write_text(f"{job_id}\n")
+    draft.replace(attempt_dir / JOB_ID_FILE)
+
+
+def _scontrol_job(profile: ClusterProfile, job_id: str) -> dict[str, str] | None:
+    try:
+        line = run_slurm(profile, ["scontrol", "show", "job", "-o", job_id])
+    except UnknownJobError:
+        return None
+    return parse_fields(line)
+
+
+def _sacct_job(profile: ClusterProfile, job_id: str) -> dict[str, str] | None:
+    try:
+        text = run_slurm(
+            profile, ["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode,Reason"]
+        )
+    except PermanentError:  # accounting disabled or slurmdbd unreachable: there is no history
+        return None
+    return parse_sacct(text)
+
+
+def _status_from_files(job_id: str, attempt_dir: Path) -> BackendStatus:
+    log_tail = read_tail(log_file(attempt_dir, job_id), POLL_TAIL_LINES)
+    forgotten = f"Slurm no longer knows job {job_id}"
+    if (attempt_dir / CANCEL_MARKER).exists():
+        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", log_tail=log_tail)
+    exit_file = exit_code_file(attempt_dir, job_id)
+    if exit_file.exists():
+        code = int(exit_file.read_text().strip() or "1")
+        state = BackendState.SUCCEEDED if code == 0 else BackendState.FAILED
+        reason = f"{forgotten}; exit code from {exit_file.name}"
+        return BackendStatus(state, code, reason=reason, log_tail=log_tail)
+    reason = f"{forgotten} and its batch script left no exit code (killed, or node lost)"
+    return BackendStatus(BackendState.LOST, reason=reason, log_tail=log_tail)
+
+
+def _reason(slurm_reason: str, log_tail: str) -> str:
+    """Slurm's reason word, plus the out-of-memory kills slurmstepd saw in a step."""
+    words = [] if slurm_reason in ("", "None") else [slurm_reason]
+    # Slurm marks only the step, not the job, OUT_OF_MEMORY when an srun step is OOM-killed.
+    words += [f"oom-kill in step {step}" for step in _STEP_OOM.findall(log_tail)]
+    return "; ".join(words)
+
+
+def _node_exit_codes(log_tail: str) -> dict[int, int]:
+    codes: dict[int, int] = {}
+    for first, last, code in _TASK_EXIT.findall(log_tail):
+        for task in range(int(first), int(last or first) + 1):
+            codes[task] = int(code)  # one task per node: the task id is the node rank
+    return codes

@@ -1,0 +1,29 @@
+"""The Celery application: broker from the settings, reliable-delivery options, the reconcile beat."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from service.settings import Settings, get_settings
+from service.tasks import RECONCILE
+
+
+def make_celery(settings: Settings) -> Celery:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)  # the embedded broker lives there
+    app = Celery("zeropilot", broker=settings.broker_url, include=["workers.tasks"])
+    app.conf.update(
+        # Tasks are short and idempotent, so a task lost with its worker may safely run again.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s}
+        },
+    )
+    return app
+
+
+app = make_celery(get_settings())

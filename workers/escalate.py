@@ -1,0 +1,67 @@
+"""Climbing the memory ladder after an out-of-memory failure: plan attempt N+1 and queue it."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from service.core.clusters import ClusterProfile
+from service.core.failures import FailureClass
+from service.core.spec import JobSpec
+from service.core.states import JobStatus
+from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
+from service.db.models import Attempt, Job
+from service.db.transitions import move_job
+
+
+def escalate(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    spec: JobSpec,
+    profile: ClusterProfile,
+    failure: FailureClass,
+) -> str | None:
+    """Plan the next rung and queue it; return the new attempt's id, or None when none is left."""
+    from service.core.advisor import Candidate
+    from service.core.escalation import next_rung
+
+    if attempt.number >= spec.escalation.max_attempts:
+        return None
+    current = Candidate.model_validate(attempt.plan)
+    tried = [Candidate.model_validate(a.plan) for a in attempts_of(session, job.id)]
+    step = next_rung(spec, profile, current, failure, tried)
+    if step is None:
+        return None
+    candidate, description = step
+    active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
+    if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {description}"):
+        return None
+    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    plan = candidate.model_dump(mode="json")
+    number = attempt.number + 1
+    new = add_attempt(
+        session,
+        job,
+        number=number,
+        plan=plan,
+        rung=description,
+        backend=profile.kind,
+        resumed_from=checkpoint.path if checkpoint else None,
+        resume_method=resume_method(current, candidate) if checkpoint else None,
+    )
+    move_job(
+        session,
+        job,
+        JobStatus.ESCALATING,
+        JobStatus.QUEUED,
+        f"attempt {number} queued: {description}",
+        current_attempt=number,
+        plan=plan,
+    )
+    return new.id
+
+
+def resume_method(previous: object, following: object) -> str:
+    """Native when the ZeRO partitioning is unchanged; otherwise the model weights only."""
+    same_stage = getattr(previous, "zero_stage", None) == getattr(following, "zero_stage", None)
+    return "native" if same_stage else "module-only"

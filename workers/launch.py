@@ -1,0 +1,154 @@
+"""Launching one attempt: claim it, render its files, submit it, record the backend reference.
+
+Safe to run twice for the same attempt (a redelivered task, a sweep after a worker died): the
+claim is a compare-and-set, the rendered files are written once, and ``submit`` is idempotent
+by the attempt's deterministic backend name.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import update
+from sqlmodel import Session, col
+
+from service.core.clusters import ClusterProfile
+from service.core.failures import FailureClass
+from service.core.spec import JobSpec
+from service.core.states import AttemptStatus, JobStatus
+from service.db.models import Attempt, Job, utcnow
+from service.db.session import session_scope
+from service.db.transitions import move_attempt, move_job
+from service.security import attempt_token
+from service.settings import Settings
+from workers.backends import get_backend
+from workers.backends.base import LaunchRequest, PermanentError
+from workers.render import write_json_once
+
+log = logging.getLogger(__name__)
+
+
+def launch_attempt(settings: Settings, attempt_id: str) -> None:
+    with session_scope(settings.database_url) as session:
+        claimed = _claim(session, attempt_id)
+        if claimed is None:
+            return
+        job, attempt = claimed
+        profile = settings.cluster_profiles()[job.cluster]
+        request = build_request(settings, job, attempt, profile)
+    backend = get_backend(profile.kind)
+    _pause(settings.workers.fault_pause_before_submit_s)
+    try:
+        ref = backend.submit(request)
+    except PermanentError as exc:
+        _fail_launch(settings, attempt_id, str(exc))
+        return
+    _pause(settings.workers.fault_pause_after_submit_s)
+    if _record_ref(settings, attempt_id, ref, backend.log_path(ref)):
+        backend.cancel(profile, ref)  # cancelled while we were submitting
+
+
+def _claim(session: Session, attempt_id: str) -> tuple[Job, Attempt] | None:
+    """Move job and attempt to LAUNCHING, or confirm a launch that a dead worker began."""
+    attempt = session.get(Attempt, attempt_id)
+    job = session.get(Job, attempt.job_id) if attempt else None
+    if attempt is None or job is None or job.current_attempt != attempt.number:
+        return None
+    reason = f"attempt {attempt.number} launching on {job.cluster}"
+    if job.status == JobStatus.QUEUED and attempt.status == AttemptStatus.QUEUED:
+        if not move_job(session, job, JobStatus.QUEUED, JobStatus.LAUNCHING, reason):
+            return None
+        move_attempt(session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, reason)
+        return job, attempt
+    if job.status == JobStatus.LAUNCHING and attempt.status == AttemptStatus.LAUNCHING:
+        _touch(session, attempt)  # a retry of an interrupted launch: submit finds what exists
+        return job, attempt
+    return None  # launched already, finished, or cancelled
+
+
+def build_request(
+    settings: Settings, job: Job, attempt: Attempt, profile: ClusterProfile
+) -> LaunchRequest:
+    spec = JobSpec.model_validate(job.spec)
+    attempt_dir = settings.attempts_dir / attempt.backend_name
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    ds_config_path = attempt_dir / "ds_config.json"
+    write_json_once(ds_config_path, attempt.plan["ds_config"])
+    checkpoint_dir = spec.checkpoint.dir or str(settings.data_dir / "jobs" / job.id / "checkpoints")
+    env = {
+        **spec.env,
+        "ZEROPILOT_URL": settings.public_url,
+        "ZEROPILOT_JOB_ID": job.id,
+        "ZEROPILOT_ATTEMPT": str(attempt.number),
+        "ZEROPILOT_ATTEMPT_ID": attempt.id,
+        "ZEROPILOT_ATTEMPT_TOKEN": attempt_token(settings.secret_key(), attempt.id),
+        "ZEROPILOT_CHECKPOINT_DIR": checkpoint_dir,
+        "ZEROPILOT_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
+        "ZEROPILOT_DS_CONFIG": str(ds_config_path),
+        "ZEROPILOT_ACTIVATION_CHECKPOINTING": "1" if attempt.plan["activation_checkpointing"] else "0",
+    }
+    if attempt.resumed_from:
+        env["ZEROPILOT_RESUME_FROM"] = attempt.resumed_from
+        env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or "native"
+    minutes = spec.resources.time_limit_minutes
+    return LaunchRequest(
+        name=attempt.backend_name,
+        attempt_dir=attempt_dir,
+        nodes=spec.resources.nodes,
+        procs_per_node=spec.resources.gpus_per_node,
+        entrypoint=spec.entrypoint,
+        args=tuple(spec.args),
+        ds_config_path=ds_config_path,
+        env=env,
+        working_dir=Path(spec.working_dir or settings.data_dir),
+        profile=profile,
+        image=spec.image,
+        time_limit_s=minutes * 60 if minutes else None,
+        python=settings.workers.python or sys.executable,
+    )
+
+
+def _record_ref(settings: Settings, attempt_id: str, ref: str, log_path: str | None) -> bool:
+    """Store the backend reference; return True when the job was cancelled meanwhile."""
+    with session_scope(settings.database_url) as session:
+        session.execute(
+            update(Attempt)
+            .where(col(Attempt.id) == attempt_id)
+            .values(backend_ref=ref, log_path=log_path)
+        )
+        attempt = session.get(Attempt, attempt_id)
+        job = session.get(Job, attempt.job_id) if attempt else None
+        return job is not None and job.status == JobStatus.CANCELLED
+
+
+def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
+    log.warning("launch of attempt %s failed: %s", attempt_id, message)
+    with session_scope(settings.database_url) as session:
+        attempt = session.get(Attempt, attempt_id)
+        job = session.get(Job, attempt.job_id) if attempt else None
+        if attempt is None or job is None:
+            return
+        fields = {"failure_class": FailureClass.LAUNCH_ERROR, "failure_message": message[:2000]}
+        move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields)
+        move_job(
+            session,
+            job,
+            JobStatus.LAUNCHING,
+            JobStatus.FAILED,
+            f"launch failed: {message}",
+            failure_class=FailureClass.LAUNCH_ERROR,
+            message=message[:2000],
+        )
+
+
+def _touch(session: Session, attempt: Attempt) -> None:
+    session.execute(update(Job).where(col(Job.id) == attempt.job_id).values(updated_at=utcnow()))
+
+
+def _pause(seconds: float) -> None:
+    if seconds > 0:
+        log.warning("fault injection: pausing %.1f s in the launch", seconds)
+        time.sleep(seconds)

@@ -1,0 +1,187 @@
+"""The periodic reconcile: compare what the clusters say with what the database says, and act.
+
+For every active attempt it polls the backend and moves job and attempt along the state
+machine; a finished failure is classified, and an out-of-memory one goes up the escalation
+ladder when the policy allows. It also re-sends launches that a lost task or a dead worker left
+behind, and stops processes of jobs that users cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlmodel import Session, col, select
+
+from service.core.failures import FailureClass, classify_failure
+from service.core.spec import JobSpec
+from service.core.states import AttemptStatus, JobStatus
+from service.db.models import Attempt, Job, utcnow
+from service.db.session import session_scope
+from service.db.transitions import move_attempt, move_job
+from service.settings import Settings
+from service.tasks import LAUNCH_ATTEMPT, send_task
+from workers.backends import get_backend
+from workers.backends.base import BackendState, BackendStatus, TemporaryError
+from workers.escalate import escalate
+
+log = logging.getLogger(__name__)
+
+_ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+
+
+def reconcile(settings: Settings) -> None:
+    for attempt_id in _stale_launches(settings):
+        log.warning("re-sending the launch of attempt %s (no progress within the lease)", attempt_id)
+        send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
+    for attempt_id in _attempts_to_poll(settings):
+        try:
+            reconcile_attempt(settings, attempt_id)
+        except TemporaryError as exc:
+            log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
+
+
+def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
+    with session_scope(settings.database_url) as session:
+        attempt = session.get(Attempt, attempt_id)
+        job = session.get(Job, attempt.job_id) if attempt else None
+        if attempt is None or job is None or attempt.backend_ref is None:
+            return
+        profile = settings.cluster_profiles()[job.cluster]
+        backend = get_backend(profile.kind)
+        status = backend.poll(profile, attempt.backend_ref)
+        if job.status == JobStatus.CANCELLED:
+            if status.state.terminal:
+                move_attempt(session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.CANCELLED,
+                             "job cancelled", exit_code=status.exit_code,
+                             native_state=status.native_state)
+            else:
+                backend.cancel(profile, attempt.backend_ref)
+            return
+        next_launch = _apply(session, settings, job, attempt, status)
+    if next_launch:
+        send_task(settings.broker_url, LAUNCH_ATTEMPT, next_launch)
+
+
+def cancel_attempt(settings: Settings, attempt_id: str) -> None:
+    """Stop a cancelled job's attempt on its cluster and record it."""
+    with session_scope(settings.database_url) as session:
+        attempt = session.get(Attempt, attempt_id)
+        job = session.get(Job, attempt.job_id) if attempt else None
+        if attempt is None or job is None or AttemptStatus(attempt.status).terminal:
+            return
+        if attempt.backend_ref is None:  # never reached the cluster
+            move_attempt(session, attempt, attempt.status, AttemptStatus.CANCELLED, "job cancelled")
+            return
+        profile = settings.cluster_profiles()[job.cluster]
+        get_backend(profile.kind).cancel(profile, attempt.backend_ref)
+    # The next reconcile sees the processes gone and records the attempt as cancelled.
+
+
+def _apply(
+    session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
+) -> str | None:
+    """Move job and attempt to match the backend; return an attempt id to launch, if any."""
+    if status.state == BackendState.PENDING:
+        _note_pending(session, attempt, status)
+    elif status.state == BackendState.RUNNING:
+        _mark_running(session, job, attempt, status)
+    elif status.state == BackendState.SUCCEEDED:
+        _mark_succeeded(session, job, attempt, status)
+    else:
+        return _mark_failed(session, settings, job, attempt, status)
+    return None
+
+
+def _note_pending(session: Session, attempt: Attempt, status: BackendStatus) -> None:
+    if (attempt.native_state, attempt.failure_message) != (status.native_state, status.reason):
+        attempt.native_state = status.native_state
+        attempt.failure_message = status.reason  # e.g. Slurm's pending reason, shown to the user
+        session.add(attempt)
+
+
+def _mark_running(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
+    reason = f"attempt {attempt.number} running ({status.native_state or 'started'})"
+    move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, reason,
+                 native_state=status.native_state, failure_message="")
+    move_job(session, job, JobStatus.LAUNCHING, JobStatus.RUNNING, reason)
+
+
+def _mark_succeeded(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
+    reason = f"attempt {attempt.number} exited 0"
+    move_attempt(session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.SUCCEEDED, reason,
+                 exit_code=status.exit_code or 0, native_state=status.native_state)
+    move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING), JobStatus.SUCCEEDED, reason)
+
+
+def _mark_failed(
+    session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
+) -> str | None:
+    failure = classify_failure(
+        exit_code=status.exit_code,
+        native_state=status.native_state,
+        reason=status.reason,
+        log_tail=status.log_tail,
+        runtime_tag=attempt.runtime_failure_tag,
+    )
+    if status.state == BackendState.LOST and failure == FailureClass.USER_ERROR:
+        failure = FailureClass.NODE_LOST
+    summary = _failure_summary(failure, status)
+    moved = move_attempt(
+        session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.FAILED, summary,
+        exit_code=status.exit_code, native_state=status.native_state,
+        failure_class=failure, failure_message=summary[:2000],
+    )
+    if not moved:
+        return None
+    spec = JobSpec.model_validate(job.spec)
+    profile = settings.cluster_profiles()[job.cluster]
+    if failure.out_of_memory and spec.escalation.enabled:
+        next_attempt = escalate(session, job, attempt, spec, profile, failure)
+        if next_attempt is not None:
+            return next_attempt
+    if failure == FailureClass.CANCELLED:
+        move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING), JobStatus.CANCELLED,
+                 f"cancelled on the cluster: {summary}")
+        return None
+    move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING),
+             JobStatus.FAILED, summary, failure_class=failure, message=summary[:2000])
+    return None
+
+
+def _failure_summary(failure: FailureClass, status: BackendStatus) -> str:
+    last = next((ln for ln in reversed(status.log_tail.splitlines()) if ln.strip()), "")
+    parts = [f"{failure}", f"exit code {status.exit_code}" if status.exit_code is not None else "",
+             status.native_state, status.reason, last[:300]]
+    return "; ".join(p for p in parts if p)
+
+
+def _attempts_to_poll(settings: Settings) -> list[str]:
+    with session_scope(settings.database_url) as session:
+        query = select(Attempt.id).where(
+            col(Attempt.status).in_(_ACTIVE_ATTEMPT), col(Attempt.backend_ref).is_not(None)
+        )
+        return list(session.exec(query).all())
+
+
+def _stale_launches(settings: Settings) -> list[str]:
+    """Attempts of QUEUED/LAUNCHING jobs that have had no backend reference for a lease."""
+    cutoff = utcnow() - timedelta(seconds=settings.workers.launch_lease_s)
+    with session_scope(settings.database_url) as session:
+        query = (
+            select(Attempt.id, Job.id)
+            .join(Job, col(Job.id) == Attempt.job_id)
+            .where(
+                col(Job.status).in_((JobStatus.QUEUED, JobStatus.LAUNCHING)),
+                Job.current_attempt == Attempt.number,
+                col(Attempt.backend_ref).is_(None),
+                col(Job.updated_at) < cutoff,
+            )
+        )
+        rows = session.exec(query).all()
+        for _attempt_id, job_id in rows:  # touch: one re-send per lease, not one per tick
+            job = session.get(Job, job_id)
+            if job is not None:
+                job.updated_at = utcnow()
+                session.add(job)
+        return [attempt_id for attempt_id, _job_id in rows]

@@ -1,0 +1,275 @@
+"""The ``zeropilot`` command line: submit and watch jobs over HTTP, and run the service locally."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from zeropilot import credentials
+from zeropilot.client import ApiError, Client, format_detail
+
+app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
+users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_args_is_help=True)
+app.add_typer(users_app, name="users")
+console = Console()
+err = Console(stderr=True)
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _client() -> Client:
+    url, token = credentials.resolve()
+    return Client(url, token)
+
+
+def _api(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the API; map its errors to a message and an exit code (2 for bad input)."""
+    try:
+        return call(*args, **kwargs)
+    except ApiError as exc:
+        code = 2 if exc.status_code == 422 else 1
+        _fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
+    except httpx.TransportError as exc:
+        url = credentials.resolve()[0]
+        _fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")
+
+
+def _print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """Read a YAML/JSON job spec; relative paths in it are relative to the file's folder."""
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror}", 2)
+    except yaml.YAMLError as exc:
+        _fail(f"{path} is not valid YAML/JSON: {exc}", 2)
+    if not isinstance(spec, dict):
+        _fail(f"{path} must hold a mapping (a job spec), not {type(spec).__name__}", 2)
+    base = path.resolve().parent
+    working_dir = Path(str(spec.get("working_dir") or "."))
+    spec["working_dir"] = str(working_dir if working_dir.is_absolute() else base / working_dir)
+    return spec
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job until it ends.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Retrying with the same key returns the same job.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a training job. With --wait, exit 0 only if it SUCCEEDED."""
+    client = _client()
+    job = _api(client.submit, load_spec(file), idempotency_key or str(uuid.uuid4()))
+    if not as_json:
+        console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['status']}")
+        _print_plan(job["plan"], job.get("advice_reason", ""))
+    if wait:
+        job = _follow(client, job["id"], quiet=as_json)
+    if as_json:
+        _print_json(job)
+    if wait and job["status"] != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def _print_plan(plan: dict[str, Any], reason: str) -> None:
+    offload = plan.get("offload_optimizer", "none")
+    console.print(
+        f"plan: ZeRO-{plan.get('zero_stage')} offload={offload} "
+        f"checkpointing={'on' if plan.get('activation_checkpointing') else 'off'} "
+        f"micro_batch={plan.get('micro_batch_size')} "
+        f"accumulation={plan.get('gradient_accumulation_steps')}",
+        highlight=False,
+    )
+    if reason:
+        console.print(f"      {reason}", highlight=False)
+
+
+def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> dict[str, Any]:
+    """Print status changes and each new step until the job ends; return the final job."""
+    seen_events, last_metric = 0, 0
+    while True:
+        job = _api(client.get_job, job_id)
+        for event in job["events"][seen_events:]:
+            if not quiet and event["subject"] == "job":
+                stamp = event["created_at"][11:19]
+                console.print(f"{stamp} {event['to_status']:<10} {event['reason']}", highlight=False)
+        seen_events = len(job["events"])
+        for point in _api(client.metrics, job_id, last_metric):
+            last_metric = point["id"]
+            if not quiet:
+                console.print(_metric_line(point), highlight=False)
+        if job["status"] in TERMINAL:
+            return job
+        time.sleep(interval)
+
+
+def _metric_line(point: dict[str, Any]) -> str:
+    parts = [f"         step {point['step']:>5}"]
+    if point.get("loss") is not None:
+        parts.append(f"loss {point['loss']:.4f}")
+    if point.get("tokens_per_s") is not None:
+        parts.append(f"tokens/s {point['tokens_per_s']:,.0f}")
+    return "  ".join(parts)
+
+
+@app.command("list")
+def list_jobs(
+    status: Annotated[str | None, typer.Option(help="Only jobs in this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Your team's jobs, newest first."""
+    page = _api(_client().list_jobs, status.upper() if status else None, limit)
+    if as_json:
+        _print_json(page)
+        return
+    table = Table("ID", "NAME", "STATUS", "ATTEMPT", "CLUSTER", "CREATED", box=None)
+    for job in page["data"]:
+        table.add_row(job["id"], job["name"], job["status"], str(job["current_attempt"]),
+                      job["cluster"], job["created_at"][:19].replace("T", " "))
+    console.print(table)
+    console.print(f"{len(page['data'])} of {page['count']} jobs", highlight=False)
+
+
+@app.command()
+def status(job_id: str, as_json: JsonOpt = False) -> None:
+    """One job: its plan, attempts, recent events, last metrics and checkpoints."""
+    job = _api(_client().get_job, job_id)
+    if as_json:
+        _print_json(job)
+        return
+    console.print(f"job [bold]{job['id']}[/bold] {job['name']} ({job['team']}): {job['status']}")
+    if job["failure_class"]:
+        console.print(f"failure: {job['failure_class']}: {job['message']}", highlight=False)
+    _print_plan(job["plan"], job["advice_reason"])
+    for attempt in job["attempts"]:
+        line = f"attempt {attempt['number']}: {attempt['status']} ({attempt['rung']})"
+        if attempt["failure_class"]:
+            line += f" {attempt['failure_class']} exit={attempt['exit_code']}"
+        console.print(line, highlight=False)
+    for event in job["events"][-8:]:
+        stamp = event["created_at"][:19].replace("T", " ")
+        console.print(f"  {stamp} {event['subject']:<7} {event['to_status']:<10} {event['reason']}",
+                      highlight=False)
+    if job["metrics"]:
+        console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))
+    if job["checkpoints"]:
+        console.print(f"checkpoint: {job['checkpoints'][-1]['path']}", highlight=False)
+
+
+@app.command()
+def logs(
+    job_id: str,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    tail: Annotated[int, typer.Option(min=1, max=10000)] = 200,
+    attempt: Annotated[int | None, typer.Option(help="Attempt number (default: current).")] = None,
+) -> None:
+    """The log of a job's attempt."""
+    client = _client()
+    text, offset = _api(client.logs, job_id, tail, None, attempt)
+    sys.stdout.write(text)
+    if not follow:
+        return
+    offset = offset or 0
+    while True:
+        chunk, next_offset = _api(client.logs, job_id, tail, offset, attempt)
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+        offset = next_offset if next_offset is not None else offset
+        if not chunk and _api(client.get_job, job_id)["status"] in TERMINAL:
+            return
+        time.sleep(1.0)
+
+
+@app.command()
+def cancel(job_id: str, as_json: JsonOpt = False) -> None:
+    """Cancel a job; its processes on the cluster are stopped."""
+    job = _api(_client().cancel, job_id)
+    if as_json:
+        _print_json(job)
+    else:
+        console.print(f"job {job['id']} {job['status']}")
+
+
+@app.command()
+def metrics(job_id: str, as_json: JsonOpt = False) -> None:
+    """Every metric point a job's training reported."""
+    points = _api(_client().metrics, job_id)
+    if as_json:
+        _print_json(points)
+        return
+    table = Table("STEP", "LOSS", "TOKENS/S", "ATTEMPT", box=None)
+    for p in points:
+        loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
+        rate = f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] is not None else "-"
+        table.add_row(str(p["step"]), loss, rate, p["attempt_id"])
+    console.print(table)
+
+
+@users_app.command("create")
+def create_user(
+    name: str,
+    team: Annotated[str, typer.Option(help="The user's team (created if new).")],
+    admin: Annotated[bool, typer.Option("--admin")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a user; its token is printed once."""
+    user = _api(_client().create_user, name, team, admin)
+    if as_json:
+        _print_json(user)
+    else:
+        console.print(f"user {user['name']} in team {user['team']}; token (shown once):")
+        console.print(user["token"], highlight=False)
+
+
+@app.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="API address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="API port (default 8321).")] = None,
+) -> None:
+    """Run the API, a worker and the reconcile scheduler here, on the embedded defaults."""
+    from zeropilot.up import run_embedded  # the service's imports stay out of the client's path
+
+    run_embedded(host, port)
+
+
+@app.command()
+def migrate() -> None:
+    """Bring the configured database to the latest schema (alembic upgrade head)."""
+    from service.db.migrate import upgrade
+    from service.settings import get_settings
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database_url)
+    console.print("database at the latest migration")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

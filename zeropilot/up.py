@@ -1,0 +1,76 @@
+"""``zeropilot up``: the whole service on one machine, on the embedded defaults.
+
+It migrates the database, creates the first admin (printing its token once and saving it for
+the CLI), then runs a Celery worker with the reconcile scheduler in a child process and the API
+in this one. Ctrl-C stops both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from types import FrameType
+
+from rich.console import Console
+
+from zeropilot import credentials
+
+console = Console()
+
+
+def run_embedded(host: str | None, port: int | None) -> None:
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.db.migrate import upgrade
+    from service.db.session import session_scope
+    from service.db.users import bootstrap_admin
+    from service.settings import get_settings
+
+    if host:  # through the environment, so that the worker child sees the same values
+        os.environ["ZEROPILOT_API__HOST"] = host
+    if port:
+        os.environ["ZEROPILOT_API__PORT"] = str(port)
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database_url)
+    with session_scope(settings.database_url) as session:
+        token = bootstrap_admin(session)
+    if token:
+        path = credentials.save(settings.public_url, token)
+        console.print("created user [bold]admin[/bold] in team [bold]default[/bold]; token (shown once):")
+        console.print(f"  {token}", highlight=False)
+        console.print(f"  saved for the CLI in {path}", highlight=False)
+    worker = _start_worker(settings.data_dir)
+    console.print(f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
+                  highlight=False)
+    console.print(f"data in {settings.data_dir}; worker log {settings.data_dir / 'worker.log'}",
+                  highlight=False)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        uvicorn.run(create_app(settings), host=settings.api.host, port=settings.api.port,
+                    log_level="warning")
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
+    log = open(os.path.join(data_dir, "worker.log"), "ab")  # noqa: SIM115 (the child keeps it)
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        "--beat", "--schedule", os.path.join(data_dir, "celerybeat-schedule"),
+        "--pool", "solo", "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
