@@ -1,14 +1,15 @@
 # The two promises of the README: `make demo` (set up and run the tiny job) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.zeropilot-installed
+# Keyed by the dependency list, not by file times: a fresh clone reuses a matching venv.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .PHONY: demo test venv lint clean
 
 venv: $(STAMP)
 
 # torch first (the CPU wheel on disk), then DeepSpeed built against it, then zeropilot itself.
-$(STAMP): pyproject.toml
+$(STAMP):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

@@ -31,7 +31,7 @@ from service.core.spec import JobSpec  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "cpu_measurements.json"
 WORKER = ROOT / "bench" / "calibrate_worker.py"
-RANKS = 2
+RANKS = 2  # the default; --ranks 4 separates per-rank partitions from whole-model terms
 
 MODELS: dict[str, dict[str, int]] = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "vocab": 128},
@@ -50,26 +50,29 @@ POINTS = [
 MAX_SEQ = 128
 
 
-def job_spec(model: dict[str, int], stage: int, offload: str, precision: str) -> JobSpec:
+def job_spec(model: dict[str, int], stage: int, offload: str, precision: str,
+             ranks: int) -> JobSpec:
     return JobSpec(
         name="calibrate",
         entrypoint=str(WORKER),
         model={"hidden_size": model["hidden"], "num_layers": model["layers"],
                "num_heads": model["heads"], "vocab_size": model["vocab"],
                "tied_embeddings": False},
-        training={"sequence_length": MAX_SEQ, "global_batch_size": RANKS, "precision": precision},
-        resources={"nodes": 1, "gpus_per_node": RANKS},
+        training={"sequence_length": MAX_SEQ, "global_batch_size": ranks, "precision": precision},
+        resources={"nodes": 1, "gpus_per_node": ranks},
         zero={"stage": stage, "offload": offload, "activation_checkpointing": False},
     )
 
 
 def run_one(name: str, model: dict[str, int], stage: int, offload: str, precision: str,
-            port: int, workdir: Path) -> dict[str, Any] | None:
-    config = advise(job_spec(model, stage, offload, precision), LOCAL_PROFILE).plan.ds_config
-    config_path = workdir / f"{name}-z{stage}-{offload}-{precision}.json"
+            ranks: int, port: int, workdir: Path) -> dict[str, Any] | None:
+    profile = LOCAL_PROFILE.model_copy(update={"gpus_per_node": ranks})
+    spec = job_spec(model, stage, offload, precision, ranks)
+    config = advise(spec, profile).plan.ds_config
+    config_path = workdir / f"{name}-z{stage}-{offload}-{precision}-r{ranks}.json"
     config_path.write_text(json.dumps(config))
     hostfile = workdir / "hostfile"
-    hostfile.write_text(f"localhost slots={RANKS}\n")
+    hostfile.write_text(f"localhost slots={ranks}\n")
     out = workdir / config_path.stem
     command = [
         "deepspeed", "--no_ssh", "--hostfile", str(hostfile), "--node_rank", "0",
@@ -87,11 +90,20 @@ def run_one(name: str, model: dict[str, int], stage: int, offload: str, precisio
         print(f"  FAILED rc={done.returncode} in {seconds:.0f}s\n{done.stdout[-3000:]}"
               f"\n{done.stderr[-3000:]}")
         return None
-    ranks = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(RANKS)]
+    records = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(ranks)]
     print(f"  ok in {seconds:.0f}s")
     return {"model_name": name, "model": model, "stage": stage, "offload": offload,
-            "precision": precision, "max_seq": MAX_SEQ, "ds_config": config,
-            "wall_seconds": round(seconds, 1), "ranks": ranks}
+            "precision": precision, "world_size": ranks, "max_seq": MAX_SEQ, "ds_config": config,
+            "wall_seconds": round(seconds, 1), "ranks": records}
+
+
+def run_key(run: dict[str, Any]) -> tuple[str, int, str, str, int]:
+    return (run["model_name"], run["stage"], run["offload"], run["precision"],
+            run.get("world_size", RANKS))
+
+
+def has_phases(run: dict[str, Any]) -> bool:
+    return "peak_delta_step" in run["ranks"][0]["points"][0]
 
 
 def main() -> None:
@@ -99,6 +111,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,small,medium")
     parser.add_argument("--layouts", default="all", help="e.g. 2:none,3:all")
     parser.add_argument("--precisions", default="bf16")
+    parser.add_argument("--ranks", type=int, default=RANKS)
     parser.add_argument("--port-base", type=int, default=29600)
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args()
@@ -106,20 +119,21 @@ def main() -> None:
         (int(s), o) for s, o in (item.split(":") for item in args.layouts.split(","))]
     runs: list[dict[str, Any]] = []
     out = Path(args.out)
-    if out.exists():
-        runs = json.loads(out.read_text())["runs"]
-    done = {(r["model_name"], r["stage"], r["offload"], r["precision"]) for r in runs}
+    if out.exists():  # resume: keep finished runs measured with the current worker
+        runs = [r for r in json.loads(out.read_text())["runs"] if has_phases(r)]
+    done = {run_key(r) for r in runs}
     with tempfile.TemporaryDirectory(prefix="zp-calibrate-") as tmp:
         index = 0
         for name in args.models.split(","):
             for precision in args.precisions.split(","):
                 for stage, offload in layouts:
-                    if (name, stage, offload, precision) in done:
+                    if (name, stage, offload, precision, args.ranks) in done:
                         continue
                     print(f"{name} ZeRO-{stage} offload={offload} {precision}", flush=True)
                     port = args.port_base + index % 100
                     index += 1
-                    result = run_one(name, MODELS[name], stage, offload, precision, port, Path(tmp))
+                    result = run_one(name, MODELS[name], stage, offload, precision, args.ranks,
+                                     port, Path(tmp))
                     if result:
                         runs.append(result)
                         save(out, runs)
@@ -129,7 +143,7 @@ def save(out: Path, runs: list[dict[str, Any]]) -> None:
     import deepspeed
     import torch
 
-    meta = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "ranks": RANKS,
+    meta = {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
             "method": "see bench/calibrate_worker.py docstring", "points": POINTS}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))

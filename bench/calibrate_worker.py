@@ -31,7 +31,9 @@ from typing import Any
 import deepspeed
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
+
+STEP_MARK = "zeropilot_optimizer_step"  # splits the forward/backward phase from the step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from train_tiny import TinyGPT, make_batch  # noqa: E402
@@ -133,21 +135,27 @@ def train_step(engine: Any, args: argparse.Namespace, micro: int, seq: int,
     loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab).float(),
                                        tokens[:, 1:].reshape(-1))
     engine.backward(loss)
-    engine.step()
+    with record_function(STEP_MARK):
+        engine.step()
     return float(loss.item())
 
 
-def profiled_peak_delta(step: Any) -> int:
-    """Highest running sum of CPU allocations minus frees during ``step()``."""
+def profiled_peak_delta(step: Any) -> dict[str, int]:
+    """Highest running sum of CPU allocations minus frees during ``step()``, overall and split
+    at the optimizer step: ``peak_delta_fwd_bwd`` before it, ``peak_delta_step`` within/after."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type().name == "CPU"]
-    running, peak = 0, 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
+    events = prof.profiler.kineto_results.events()
+    marks = [e.start_ns() for e in events if e.name() == STEP_MARK]
+    boundary = min(marks) if marks else None
+    memory = [e for e in events if e.name() == "[memory]" and e.device_type().name == "CPU"]
+    running, peaks = 0, {"peak_delta": 0, "peak_delta_fwd_bwd": 0, "peak_delta_step": 0}
+    for event in sorted(memory, key=lambda e: e.start_ns()):
         running += event.nbytes()
-        peak = max(peak, running)
-    return peak
+        phase = "peak_delta_step" if boundary and event.start_ns() >= boundary else "peak_delta_fwd_bwd"
+        peaks[phase] = max(peaks[phase], running)
+        peaks["peak_delta"] = max(peaks["peak_delta"], running)
+    return peaks
 
 
 def measure_point(engine: Any, model: TinyGPT, args: argparse.Namespace, point: dict[str, Any],
@@ -157,9 +165,9 @@ def measure_point(engine: Any, model: TinyGPT, args: argparse.Namespace, point: 
     held = held_breakdown(engine, model)
     rss_before = rss_bytes("VmRSS")
     reset_rss_peak()
-    delta = profiled_peak_delta(
+    deltas = profiled_peak_delta(
         lambda: train_step(engine, args, point["micro"], point["seq"], generator))
-    return {**point, **held, "peak": held["held_total"] + delta, "peak_delta": delta,
+    return {**point, **held, **deltas, "peak": held["held_total"] + deltas["peak_delta"],
             "rss_before": rss_before, "rss_peak": rss_bytes("VmHWM")}
 
 

@@ -29,6 +29,15 @@ def load_template(name: str) -> dict[str, Any]:
     return copy.deepcopy(_read_template(name))
 
 
+def copy_tree(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a JSON-like tree of dicts; much cheaper than deepcopy for the advisor's loop."""
+    return {k: copy_tree(v) if isinstance(v, dict) else _copy_leaf(v) for k, v in config.items()}
+
+
+def _copy_leaf(value: Any) -> Any:
+    return copy.deepcopy(value) if isinstance(value, list) else value
+
+
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """A new dict: ``extra`` merged into ``base``; nested dicts merge, anything else replaces."""
     merged = dict(base)
@@ -44,6 +53,13 @@ def compose(
     stage: int, offload_optimizer: bool, offload_param: bool, precision: Precision
 ) -> dict[str, Any]:
     """The template for one stage/offload/precision combination, before numbers are filled in."""
+    return copy_tree(_composed(stage, offload_optimizer, offload_param, precision))
+
+
+@cache
+def _composed(
+    stage: int, offload_optimizer: bool, offload_param: bool, precision: Precision
+) -> dict[str, Any]:
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, not {stage}")
     if offload_optimizer and stage == 0:

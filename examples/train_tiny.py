@@ -128,7 +128,9 @@ def main() -> None:
                 print(f"step {step} loss {mean_loss:.4f} tokens/s {tokens_per_s:.0f}", flush=True)
                 reporter.metrics(step, loss=mean_loss, tokens_per_s=tokens_per_s)
             if step % args.checkpoint_interval == 0 or step == args.steps:
-                engine.save_checkpoint(save_dir, tag=f"global_step{step}", client_state={"step": step})
+                engine.save_checkpoint(
+                    save_dir, tag=f"global_step{step}", client_state={"step": step}
+                )
                 if rank == 0:
                     reporter.checkpoint(step, os.path.join(save_dir, f"global_step{step}"))
 

@@ -10,8 +10,8 @@ import hashlib
 import hmac
 import secrets
 
-USER_TOKEN_PREFIX = "zp_"
-ATTEMPT_TOKEN_PREFIX = "zpa_"
+USER_TOKEN_PREFIX = "zp_"  # noqa: S105 (a prefix, not a secret)
+ATTEMPT_TOKEN_PREFIX = "zpa_"  # noqa: S105
 
 
 def new_user_token() -> str:

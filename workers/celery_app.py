@@ -1,4 +1,4 @@
-"""The Celery application: broker from the settings, reliable-delivery options, the reconcile beat."""
+"""The Celery application: broker from the settings, delivery options, the reconcile beat."""
 
 from __future__ import annotations
 

@@ -88,7 +88,9 @@ def build_request(
         "ZEROPILOT_CHECKPOINT_DIR": checkpoint_dir,
         "ZEROPILOT_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
         "ZEROPILOT_DS_CONFIG": str(ds_config_path),
-        "ZEROPILOT_ACTIVATION_CHECKPOINTING": "1" if attempt.plan["activation_checkpointing"] else "0",
+        "ZEROPILOT_ACTIVATION_CHECKPOINTING": "1"
+        if attempt.plan["activation_checkpointing"]
+        else "0",
     }
     if attempt.resumed_from:
         env["ZEROPILOT_RESUME_FROM"] = attempt.resumed_from
@@ -132,7 +134,9 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
         if attempt is None or job is None:
             return
         fields = {"failure_class": FailureClass.LAUNCH_ERROR, "failure_message": message[:2000]}
-        move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields)
+        move_attempt(
+            session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields
+        )
         move_job(
             session,
             job,

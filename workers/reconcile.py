@@ -32,7 +32,9 @@ _ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
 
 def reconcile(settings: Settings) -> None:
     for attempt_id in _stale_launches(settings):
-        log.warning("re-sending the launch of attempt %s (no progress within the lease)", attempt_id)
+        log.warning(
+            "re-sending the launch of attempt %s (no progress within the lease)", attempt_id
+        )
         send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     for attempt_id in _attempts_to_poll(settings):
         try:
@@ -52,9 +54,15 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
         status = backend.poll(profile, attempt.backend_ref)
         if job.status == JobStatus.CANCELLED:
             if status.state.terminal:
-                move_attempt(session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.CANCELLED,
-                             "job cancelled", exit_code=status.exit_code,
-                             native_state=status.native_state)
+                move_attempt(
+                    session,
+                    attempt,
+                    _ACTIVE_ATTEMPT,
+                    AttemptStatus.CANCELLED,
+                    "job cancelled",
+                    exit_code=status.exit_code,
+                    native_state=status.native_state,
+                )
             else:
                 backend.cancel(profile, attempt.backend_ref)
             return
@@ -71,7 +79,8 @@ def cancel_attempt(settings: Settings, attempt_id: str) -> None:
         if attempt is None or job is None or AttemptStatus(attempt.status).terminal:
             return
         if attempt.backend_ref is None:  # never reached the cluster
-            move_attempt(session, attempt, attempt.status, AttemptStatus.CANCELLED, "job cancelled")
+            current = AttemptStatus(attempt.status)
+            move_attempt(session, attempt, current, AttemptStatus.CANCELLED, "job cancelled")
             return
         profile = settings.cluster_profiles()[job.cluster]
         get_backend(profile.kind).cancel(profile, attempt.backend_ref)
@@ -102,15 +111,29 @@ def _note_pending(session: Session, attempt: Attempt, status: BackendStatus) -> 
 
 def _mark_running(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
     reason = f"attempt {attempt.number} running ({status.native_state or 'started'})"
-    move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, reason,
-                 native_state=status.native_state, failure_message="")
+    move_attempt(
+        session,
+        attempt,
+        AttemptStatus.LAUNCHING,
+        AttemptStatus.RUNNING,
+        reason,
+        native_state=status.native_state,
+        failure_message="",
+    )
     move_job(session, job, JobStatus.LAUNCHING, JobStatus.RUNNING, reason)
 
 
 def _mark_succeeded(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
     reason = f"attempt {attempt.number} exited 0"
-    move_attempt(session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.SUCCEEDED, reason,
-                 exit_code=status.exit_code or 0, native_state=status.native_state)
+    move_attempt(
+        session,
+        attempt,
+        _ACTIVE_ATTEMPT,
+        AttemptStatus.SUCCEEDED,
+        reason,
+        exit_code=status.exit_code or 0,
+        native_state=status.native_state,
+    )
     move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING), JobStatus.SUCCEEDED, reason)
 
 
@@ -128,9 +151,15 @@ def _mark_failed(
         failure = FailureClass.NODE_LOST
     summary = _failure_summary(failure, status)
     moved = move_attempt(
-        session, attempt, _ACTIVE_ATTEMPT, AttemptStatus.FAILED, summary,
-        exit_code=status.exit_code, native_state=status.native_state,
-        failure_class=failure, failure_message=summary[:2000],
+        session,
+        attempt,
+        _ACTIVE_ATTEMPT,
+        AttemptStatus.FAILED,
+        summary,
+        exit_code=status.exit_code,
+        native_state=status.native_state,
+        failure_class=failure,
+        failure_message=summary[:2000],
     )
     if not moved:
         return None
@@ -141,18 +170,35 @@ def _mark_failed(
         if next_attempt is not None:
             return next_attempt
     if failure == FailureClass.CANCELLED:
-        move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING), JobStatus.CANCELLED,
-                 f"cancelled on the cluster: {summary}")
+        move_job(
+            session,
+            job,
+            (JobStatus.LAUNCHING, JobStatus.RUNNING),
+            JobStatus.CANCELLED,
+            f"cancelled on the cluster: {summary}",
+        )
         return None
-    move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING),
-             JobStatus.FAILED, summary, failure_class=failure, message=summary[:2000])
+    move_job(
+        session,
+        job,
+        (JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING),
+        JobStatus.FAILED,
+        summary,
+        failure_class=failure,
+        message=summary[:2000],
+    )
     return None
 
 
 def _failure_summary(failure: FailureClass, status: BackendStatus) -> str:
     last = next((ln for ln in reversed(status.log_tail.splitlines()) if ln.strip()), "")
-    parts = [f"{failure}", f"exit code {status.exit_code}" if status.exit_code is not None else "",
-             status.native_state, status.reason, last[:300]]
+    parts = [
+        f"{failure}",
+        f"exit code {status.exit_code}" if status.exit_code is not None else "",
+        status.native_state,
+        status.reason,
+        last[:300],
+    ]
     return "; ".join(p for p in parts if p)
 
 

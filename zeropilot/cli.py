@@ -25,6 +25,7 @@ console = Console()
 err = Console(stderr=True)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+HEARTBEAT_S = 20.0
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
@@ -109,20 +110,34 @@ def _print_plan(plan: dict[str, Any], reason: str) -> None:
 def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> dict[str, Any]:
     """Print status changes and each new step until the job ends; return the final job."""
     seen_events, last_metric = 0, 0
+    quiet_since = time.monotonic()
     while True:
-        job = _api(client.get_job, job_id)
+        job: dict[str, Any] = _api(client.get_job, job_id)
         for event in job["events"][seen_events:]:
             if not quiet and event["subject"] == "job":
                 stamp = event["created_at"][11:19]
-                console.print(f"{stamp} {event['to_status']:<10} {event['reason']}", highlight=False)
+                console.print(
+                    f"{stamp} {event['to_status']:<10} {event['reason']}", highlight=False
+                )
         seen_events = len(job["events"])
         for point in _api(client.metrics, job_id, last_metric):
-            last_metric = point["id"]
+            last_metric, quiet_since = point["id"], time.monotonic()
             if not quiet:
                 console.print(_metric_line(point), highlight=False)
         if job["status"] in TERMINAL:
             return job
+        if not quiet and time.monotonic() - quiet_since > HEARTBEAT_S:
+            _print_heartbeat(client, job)
+            quiet_since = time.monotonic()
         time.sleep(interval)
+
+
+def _print_heartbeat(client: Client, job: dict[str, Any]) -> None:
+    """On a long silence, say what the job is doing: its last log line or pending reason."""
+    attempt = job["attempts"][-1] if job["attempts"] else {}
+    text, _ = _api(client.logs, job["id"], 1)
+    detail = attempt.get("failure_message") or text.strip()[-160:] or "no output yet"
+    console.print(f"         ... {job['status']}: {detail}", highlight=False)
 
 
 def _metric_line(point: dict[str, Any]) -> str:
@@ -147,8 +162,14 @@ def list_jobs(
         return
     table = Table("ID", "NAME", "STATUS", "ATTEMPT", "CLUSTER", "CREATED", box=None)
     for job in page["data"]:
-        table.add_row(job["id"], job["name"], job["status"], str(job["current_attempt"]),
-                      job["cluster"], job["created_at"][:19].replace("T", " "))
+        table.add_row(
+            job["id"],
+            job["name"],
+            job["status"],
+            str(job["current_attempt"]),
+            job["cluster"],
+            job["created_at"][:19].replace("T", " "),
+        )
     console.print(table)
     console.print(f"{len(page['data'])} of {page['count']} jobs", highlight=False)
 
@@ -171,8 +192,10 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         console.print(line, highlight=False)
     for event in job["events"][-8:]:
         stamp = event["created_at"][:19].replace("T", " ")
-        console.print(f"  {stamp} {event['subject']:<7} {event['to_status']:<10} {event['reason']}",
-                      highlight=False)
+        console.print(
+            f"  {stamp} {event['subject']:<7} {event['to_status']:<10} {event['reason']}",
+            highlight=False,
+        )
     if job["metrics"]:
         console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))
     if job["checkpoints"]:
@@ -182,7 +205,9 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
 @app.command()
 def logs(
     job_id: str,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines.")
+    ] = False,
     tail: Annotated[int, typer.Option(min=1, max=10000)] = 200,
     attempt: Annotated[int | None, typer.Option(help="Attempt number (default: current).")] = None,
 ) -> None:
@@ -257,14 +282,21 @@ def up(
 
 @app.command()
 def migrate() -> None:
-    """Bring the configured database to the latest schema (alembic upgrade head)."""
+    """Bring the database to the latest schema; on an empty one, create the first admin."""
     from service.db.migrate import upgrade
+    from service.db.session import session_scope
+    from service.db.users import bootstrap_admin
     from service.settings import get_settings
 
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.database_url)
     console.print("database at the latest migration")
+    with session_scope(settings.database_url) as session:
+        token = bootstrap_admin(session)
+    if token:
+        console.print("created user admin in team default; token (shown once):")
+        console.print(token, highlight=False)
 
 
 def main() -> None:

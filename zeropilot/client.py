@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -67,10 +67,8 @@ class Client:
         return response.json()["text"], int(next_offset) if next_offset else None
 
     def metrics(self, job_id: str, after_id: int = 0) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call(
-            "GET", f"/v1/jobs/{job_id}/metrics", params={"after_id": after_id}
-        )
-        return result
+        response = self._send("GET", f"/v1/jobs/{job_id}/metrics", params={"after_id": after_id})
+        return cast(list[dict[str, Any]], response.json())
 
     def advise(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/advice", json=spec)
@@ -82,8 +80,8 @@ class Client:
         body = {"name": name, "team": team, "is_admin": is_admin}
         return self._call("POST", "/v1/users", json=body)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._send(method, path, **kwargs).json()
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)

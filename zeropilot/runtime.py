@@ -92,19 +92,25 @@ class Reporter:
     def _post(self, kind: str, payload: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        request = urllib.request.Request(
+        if not str(self.url).startswith(("http://", "https://")):
+            self._warn_once(f"ZEROPILOT_URL must be an http(s) URL, not {self.url!r}")
+            return
+        request = urllib.request.Request(  # noqa: S310 (scheme checked above)
             f"{str(self.url).rstrip('/')}/v1/runtime/attempts/{self.attempt_id}/{kind}",
             data=json.dumps(payload).encode(),
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
             method="POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
                 response.read()
         except (urllib.error.URLError, OSError) as exc:
-            if not self._warned:  # one warning, not one per step
-                print(f"zeropilot: could not report {kind}: {exc}", file=sys.stderr, flush=True)
-                self._warned = True
+            self._warn_once(f"could not report {kind}: {exc}")
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:  # one warning, not one per step
+            print(f"zeropilot: {message}", file=sys.stderr, flush=True)
+            self._warned = True
 
 
 def checkpoint_dir(default: str = "checkpoints") -> str:

@@ -41,18 +41,28 @@ def run_embedded(host: str | None, port: int | None) -> None:
         token = bootstrap_admin(session)
     if token:
         path = credentials.save(settings.public_url, token)
-        console.print("created user [bold]admin[/bold] in team [bold]default[/bold]; token (shown once):")
+        console.print(
+            "created user [bold]admin[/bold] in team [bold]default[/bold]; token (shown once):"
+        )
         console.print(f"  {token}", highlight=False)
         console.print(f"  saved for the CLI in {path}", highlight=False)
     worker = _start_worker(settings.data_dir)
-    console.print(f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
-                  highlight=False)
-    console.print(f"data in {settings.data_dir}; worker log {settings.data_dir / 'worker.log'}",
-                  highlight=False)
+    console.print(
+        f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
+        highlight=False,
+    )
+    console.print(
+        f"data in {settings.data_dir}; worker log {settings.data_dir / 'worker.log'}",
+        highlight=False,
+    )
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        uvicorn.run(create_app(settings), host=settings.api.host, port=settings.api.port,
-                    log_level="warning")
+        uvicorn.run(
+            create_app(settings),
+            host=settings.api.host,
+            port=settings.api.port,
+            log_level="warning",
+        )
     finally:
         worker.terminate()
         try:
@@ -64,10 +74,22 @@ def run_embedded(host: str | None, port: int | None) -> None:
 def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
     log = open(os.path.join(data_dir, "worker.log"), "ab")  # noqa: SIM115 (the child keeps it)
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
-        "--beat", "--schedule", os.path.join(data_dir, "celerybeat-schedule"),
-        "--pool", "solo", "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app",
+        "worker",
+        "--beat",
+        "--schedule",
+        os.path.join(data_dir, "celerybeat-schedule"),
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
     ]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 

@@ -29,7 +29,9 @@ class ClusterProfile(BaseModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     kind: BackendKind
     accelerator: str = "cpu"  # e.g. "nvidia-h100-80gb"; "cpu" runs ranks as CPU processes
-    gpu_memory_gib: float = Field(default=16.0, gt=0)  # per accelerator; for "cpu" a per-rank budget
+    gpu_memory_gib: float = Field(
+        default=16.0, gt=0
+    )  # per accelerator; for "cpu" a per-rank budget
     gpus_per_node: int = Field(default=2, gt=0)
     cpu_memory_gib: float = Field(default=16.0, gt=0)  # per node
     max_nodes: int = Field(default=1, gt=0)

@@ -28,8 +28,9 @@ from service.core.spec import JobSpec
 MIN_BUCKET = 10_000_000  # below this, smaller buckets cost throughput and save little
 BUCKET_DIVISOR = 4
 # Settings the ladder itself changes; a user's override of them would undo a rung.
-LADDER_OWNED = frozenset({"stage", "offload_optimizer", "offload_param", "cpu_offload",
-                          "cpu_offload_param"})
+LADDER_OWNED = frozenset(
+    {"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"}
+)
 
 Step = Callable[[Layout, Workload], Layout | None]
 
@@ -38,16 +39,22 @@ def turn_on_checkpointing(layout: Layout, _: Workload) -> Layout | None:
     return None if layout.checkpointing else replace(layout, checkpointing=True)
 
 
-def lower_buckets(layout: Layout, _: Workload) -> Layout | None:
+def lower_buckets(layout: Layout, work: Workload) -> Layout | None:
+    """Quarter the buckets once; a config already below the advisor's sizes was lowered before."""
     knobs = layout.knobs
+    default = model_sized_knobs(work.shape.parameters, layout.stage).reduce_bucket_size
     if layout.stage == 0 or knobs.reduce_bucket_size <= MIN_BUCKET:
+        return None
+    if knobs.reduce_bucket_size < default:
         return None
     smaller = replace(
         knobs,
         reduce_bucket_size=max(MIN_BUCKET, knobs.reduce_bucket_size // BUCKET_DIVISOR),
         allgather_bucket_size=max(MIN_BUCKET, knobs.allgather_bucket_size // BUCKET_DIVISOR),
-        prefetch_bucket_size=min(knobs.prefetch_bucket_size,
-                                 max(MIN_BUCKET, knobs.prefetch_bucket_size // BUCKET_DIVISOR)),
+        prefetch_bucket_size=min(
+            knobs.prefetch_bucket_size,
+            max(MIN_BUCKET, knobs.prefetch_bucket_size // BUCKET_DIVISOR),
+        ),
     )
     return replace(layout, knobs=smaller)
 
@@ -73,7 +80,9 @@ def offload_params(layout: Layout, _: Workload) -> Layout | None:
 def halve_micro_batch(layout: Layout, work: Workload) -> Layout | None:
     if layout.micro_batch % 2:
         return None
-    return replace(layout, micro_batch=layout.micro_batch // 2, accumulation=layout.accumulation * 2)
+    return replace(
+        layout, micro_batch=layout.micro_batch // 2, accumulation=layout.accumulation * 2
+    )
 
 
 def unpin_host_buffers(layout: Layout, _: Workload) -> Layout | None:
@@ -118,31 +127,45 @@ def next_rung(
         return None
     work = build_workload(spec, profile)
     start = layout_of(current, knobs_of(current, model_sized_knobs(work.shape.parameters, 0)))
-    pricing = _Pricing(spec, work, profile, current, tried)
+    pricing = _Pricing(spec, work, profile, current, tried, failure_class)
     return _single_step(ladder, start, pricing) or _climb(ladder, start, pricing)
 
 
 class _Pricing:
     """Evaluates layouts and decides which of them the ladder may take."""
 
-    def __init__(self, spec: JobSpec, work: Workload, profile: ClusterProfile,
-                 current: Candidate, tried: list[Candidate]) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        work: Workload,
+        profile: ClusterProfile,
+        current: Candidate,
+        tried: list[Candidate],
+        failure_class: str,
+    ) -> None:
         self.spec, self.work, self.current = spec, work, current
-        self.budgets = Budgets(budget_bytes(profile, DEFAULT_HEADROOM),
-                               host_budget_bytes(profile, DEFAULT_HEADROOM))
+        self.host_failure = failure_class == "OOM_HOST"
+        self.budgets = Budgets(
+            budget_bytes(profile, DEFAULT_HEADROOM), host_budget_bytes(profile, DEFAULT_HEADROOM)
+        )
         self.seen = {_identity(c) for c in [*tried, current]}
 
     def evaluate(self, layout: Layout) -> Candidate:
         return evaluate_layout(_with_knobs(self.spec, layout), self.work, layout, self.budgets)
 
     def acceptable(self, candidate: Candidate) -> bool:
-        saves = (candidate.per_gpu_bytes.total < self.current.per_gpu_bytes.total
-                 or candidate.cpu_bytes_per_node < self.current.cpu_bytes_per_node)
-        return candidate.fits and saves and _identity(candidate) not in self.seen
+        return candidate.fits and self.saves(candidate) and _identity(candidate) not in self.seen
+
+    def saves(self, candidate: Candidate) -> bool:
+        """A GPU rung must need less GPU memory; a host rung must not need more host memory."""
+        if self.host_failure:
+            return candidate.cpu_bytes_per_node <= self.current.cpu_bytes_per_node
+        return candidate.per_gpu_bytes.total < self.current.per_gpu_bytes.total
 
 
-def _single_step(ladder: tuple[tuple[Step, str], ...], start: Layout,
-                 pricing: _Pricing) -> tuple[Candidate, str] | None:
+def _single_step(
+    ladder: tuple[tuple[Step, str], ...], start: Layout, pricing: _Pricing
+) -> tuple[Candidate, str] | None:
     for step, description in ladder:
         layout = step(start, pricing.work)
         if layout is not None and pricing.acceptable(candidate := pricing.evaluate(layout)):
@@ -150,8 +173,9 @@ def _single_step(ladder: tuple[tuple[Step, str], ...], start: Layout,
     return None
 
 
-def _climb(ladder: tuple[tuple[Step, str], ...], start: Layout,
-           pricing: _Pricing) -> tuple[Candidate, str] | None:
+def _climb(
+    ladder: tuple[tuple[Step, str], ...], start: Layout, pricing: _Pricing
+) -> tuple[Candidate, str] | None:
     layout, taken = start, []
     for step, description in ladder:
         climbed = step(layout, pricing.work)
@@ -195,5 +219,11 @@ def _knob_settings(layout: Layout) -> dict[str, object]:
 def _identity(candidate: Candidate) -> tuple[object, ...]:
     zero = candidate.ds_config.get("zero_optimization", {})
     knobs = tuple(sorted((k, str(v)) for k, v in zero.items()))
-    return (candidate.zero_stage, candidate.offload_optimizer, candidate.offload_param,
-            candidate.activation_checkpointing, candidate.micro_batch_size, knobs)
+    return (
+        candidate.zero_stage,
+        candidate.offload_optimizer,
+        candidate.offload_param,
+        candidate.activation_checkpointing,
+        candidate.micro_batch_size,
+        knobs,
+    )

@@ -119,7 +119,9 @@ class ZeroSpec(Strict):
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> ZeroSpec:
         if self.offload == Offload.ALL and self.stage not in ("auto", 3):
-            raise ValueError(f"offload 'all' offloads parameters, which needs stage 3, not {self.stage}")
+            raise ValueError(
+                f"offload 'all' offloads parameters, which needs stage 3, not {self.stage}"
+            )
         if self.offload == Offload.OPTIMIZER and self.stage == 0:
             raise ValueError("offload 'optimizer' needs ZeRO stage 1, 2 or 3, not 0")
         return self

@@ -146,7 +146,9 @@ def list_jobs(
     if status is not None:
         query = query.where(Job.status == status)
     count = session.exec(select(func.count()).select_from(query.subquery())).one()
-    page = query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).offset(offset).limit(limit)
+    page = (
+        query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).offset(offset).limit(limit)
+    )
     return session.exec(page).all(), count
 
 

@@ -61,7 +61,9 @@ class Job(SQLModel, table=True):
     failure_class: str | None = Field(default=None, max_length=32)
     message: str = ""
     idempotency_key: str | None = Field(default=None, max_length=255)
-    spec_digest: str = Field(max_length=64)  # sha256 of the canonical spec, for Idempotency-Key reuse
+    spec_digest: str = Field(
+        max_length=64
+    )  # sha256 of the canonical spec, for Idempotency-Key reuse
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None

@@ -42,17 +42,44 @@ class Stack:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start_api(self) -> None:
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app",
-                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "service.api.app:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
         self._spawn(argv, "api.log", {})
         self._wait_ready()
 
     def start_worker(self, name: str, **settings: str) -> subprocess.Popen[bytes]:
         extra = {f"ZEROPILOT_WORKERS__{key.upper()}": value for key, value in settings.items()}
-        argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--beat",
-                "--schedule", str(self.data_dir / f"beat-{name}"), "--pool", "solo",
-                "--hostname", f"{name}@%h", "--loglevel", "INFO",
-                "--without-gossip", "--without-mingle", "--without-heartbeat"]
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery_app",
+            "worker",
+            "--beat",
+            "--schedule",
+            str(self.data_dir / f"beat-{name}"),
+            "--pool",
+            "solo",
+            "--hostname",
+            f"{name}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
         return self._spawn(argv, f"worker-{name}.log", extra)
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:
@@ -76,11 +103,17 @@ class Stack:
             for path in sorted(self.data_dir.glob("*.log"))
         )
 
-    def _spawn(self, argv: list[str], log_name: str, extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, argv: list[str], log_name: str, extra: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with (self.data_dir / log_name).open("ab") as log:
             process = subprocess.Popen(
-                argv, cwd=REPO, env={**self.env, **extra}, stdout=log, stderr=subprocess.STDOUT,
+                argv,
+                cwd=REPO,
+                env={**self.env, **extra},
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.processes.append(process)
@@ -102,8 +135,9 @@ class Api:
     """A tiny authenticated HTTP client for the tests."""
 
     def __init__(self, url: str, token: str) -> None:
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                 timeout=30)
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         response = self.http.post("/v1/jobs", json=spec)
@@ -115,8 +149,9 @@ class Api:
         result: dict[str, Any] = self.http.get(f"/v1/jobs/{job_id}").json()
         return result
 
-    def wait_for(self, job_id: str, statuses: set[str], stack: Stack,
-                 timeout_s: float = 420) -> dict[str, Any]:
+    def wait_for(
+        self, job_id: str, statuses: set[str], stack: Stack, timeout_s: float = 420
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             job = self.job(job_id)

@@ -39,7 +39,7 @@ TINY_DS_CONFIG: dict[str, Any] = {
 }
 
 # A stand-in training script: records what it was given and where it ran, then maybe waits.
-PROBE_SCRIPT = '''\
+PROBE_SCRIPT = """\
 import json, os, signal, socket, sys, time
 import torch.distributed as dist
 
@@ -62,7 +62,7 @@ if dist.get_rank() == 0:
         json.dump(everyone, out)
 time.sleep(float(os.environ.get("PROBE_SLEEP_S", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT_CODE", "0")))
-'''
+"""
 
 # Allocates host memory until the cgroup limit stops it.
 MEMORY_HOG_SCRIPT = """\
@@ -84,6 +84,15 @@ class LocalSlurm:
         env = {**os.environ, "SLURM_CONF": str(self.conf)}
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
         return done.stdout
+
+    def wait_until_idle(self, deadline_s: float = 120) -> None:
+        give_up = time.monotonic() + deadline_s
+        while self.command("sinfo", "--noheader", "--Node", "--format=%t").split() != [
+            "idle"
+        ] * len(self.nodes):
+            if time.monotonic() > give_up:
+                raise AssertionError(self.command("sinfo", "--Node", "--long"))
+            time.sleep(1)
 
 
 @pytest.fixture(scope="session")
@@ -168,7 +177,7 @@ def wait_for(
     profile: ClusterProfile,
     ref: str,
     until: frozenset[BackendState] | None = None,
-    log_contains: str | None = None,
+    file_exists: Path | None = None,
     deadline_s: float = 240,
 ) -> BackendStatus:
     """Poll like the reconcile loop does until a state (default: any ending) is reached."""
@@ -176,7 +185,7 @@ def wait_for(
     while True:
         status = slurm.poll(profile, ref)
         reached = status.state.terminal if until is None else status.state in until
-        if reached and (log_contains is None or log_contains in status.log_tail):
+        if reached and (file_exists is None or file_exists.exists()):
             return status
         if time.monotonic() > give_up:
             raise AssertionError(f"{ref} still {status} after {deadline_s} s")

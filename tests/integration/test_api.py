@@ -1,4 +1,7 @@
-"""The HTTP API over a real database and a real Redis broker: auth, scoping, validation, idempotency."""
+"""The HTTP API over a real database and a real Redis broker.
+
+Auth, team scoping, validation errors, idempotency, runtime reports.
+"""
 
 from __future__ import annotations
 
@@ -97,11 +100,17 @@ def test_idempotency_key_returns_the_same_job(
     "change,field,words",
     [
         ({"name": "Bad_Name"}, "name", "should match pattern"),
-        ({"resources": {"cluster": "nowhere", "gpus_per_node": 2}}, "resources.cluster",
-         "unknown cluster 'nowhere'"),
+        (
+            {"resources": {"cluster": "nowhere", "gpus_per_node": 2}},
+            "resources.cluster",
+            "unknown cluster 'nowhere'",
+        ),
         ({"resources": {"nodes": 4, "gpus_per_node": 2}}, "resources.nodes", "at most 2 nodes"),
-        ({"training": {"sequence_length": 32, "global_batch_size": 7}}, "training.global_batch_size",
-         "not divisible by the data-parallel size"),
+        (
+            {"training": {"sequence_length": 32, "global_batch_size": 7}},
+            "training.global_batch_size",
+            "not divisible by the data-parallel size",
+        ),
         ({"team": "speech"}, "team", "you belong to team 'vision'"),
     ],
 )
@@ -116,7 +125,9 @@ def test_bad_input_is_422_naming_the_field_and_stores_nothing(
     response = client.post("/v1/jobs", json=tiny_spec(**change), headers=auth(tokens["alice"]))
     assert response.status_code == 422
     detail = response.json()["detail"]
-    named = [d for d in detail if ".".join(map(str, d["loc"][1:])).startswith(field) or field in d["msg"]]
+    named = [
+        d for d in detail if ".".join(map(str, d["loc"][1:])).startswith(field) or field in d["msg"]
+    ]
     assert any(words in d["msg"] for d in named), detail
     assert client.get("/v1/jobs", headers=auth(tokens["alice"])).json()["count"] == 0
     assert queued_tasks(redis_url) == []
@@ -125,8 +136,13 @@ def test_bad_input_is_422_naming_the_field_and_stores_nothing(
 def test_other_teams_jobs_are_not_found(client: TestClient, tokens: dict[str, str]) -> None:
     job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
     for path in ("", "/logs", "/metrics", "/checkpoints"):
-        assert client.get(f"/v1/jobs/{job['id']}{path}", headers=auth(tokens["bob"])).status_code == 404
-    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(tokens["bob"])).status_code == 404
+        assert (
+            client.get(f"/v1/jobs/{job['id']}{path}", headers=auth(tokens["bob"])).status_code
+            == 404
+        )
+    assert (
+        client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(tokens["bob"])).status_code == 404
+    )
     assert client.get("/v1/jobs", headers=auth(tokens["bob"])).json()["count"] == 0
     admin_view = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["root"]))
     assert admin_view.status_code == 200
@@ -156,10 +172,23 @@ def test_runtime_reports_need_the_attempts_own_token(
     url = f"/v1/runtime/attempts/{attempt_id}"
     good = auth(attempt_token(settings.secret_key(), attempt_id))
     wrong = auth(attempt_token(settings.secret_key(), "someotherattempt"))
-    assert client.post(f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=wrong).status_code == 401
-    assert client.post(f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=auth(tokens["alice"])).status_code == 401
+    assert (
+        client.post(f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=wrong).status_code
+        == 401
+    )
+    assert (
+        client.post(
+            f"{url}/metrics", json={"step": 1, "loss": 2.5}, headers=auth(tokens["alice"])
+        ).status_code
+        == 401
+    )
     for step, loss in ((1, 2.5), (2, 2.0), (2, 1.9)):
-        assert client.post(f"{url}/metrics", json={"step": step, "loss": loss}, headers=good).status_code == 204
+        assert (
+            client.post(
+                f"{url}/metrics", json={"step": step, "loss": loss}, headers=good
+            ).status_code
+            == 204
+        )
     checkpoint = {"step": 2, "path": "/ckpt/global_step2", "tag": "global_step2"}
     assert client.post(f"{url}/checkpoints", json=checkpoint, headers=good).status_code == 204
     failure = {"failure_class": "OOM_GPU", "message": "CUDA out of memory"}

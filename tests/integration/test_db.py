@@ -1,4 +1,7 @@
-"""The database layer on SQLite and PostgreSQL: migrations, compare-and-set, idempotency, scoping."""
+"""The database layer on SQLite and PostgreSQL.
+
+Migrations, compare-and-set transitions, idempotency, team scoping.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +60,9 @@ def test_new_job_is_queued_with_attempt_one_and_events(database_url: str, user: 
         assert attempt is not None and attempt.number == 1
         assert attempt.status == AttemptStatus.QUEUED
         assert attempt.backend_name == f"zp-tiny-gpt-{job.id[:8]}-a1"
-        events = [(e.subject, e.from_status, e.to_status) for e in job_store.events_of(session, job.id)]
+        events = [
+            (e.subject, e.from_status, e.to_status) for e in job_store.events_of(session, job.id)
+        ]
         assert events == [
             ("job", None, "PENDING"),
             ("attempt", None, "QUEUED"),
@@ -80,7 +85,9 @@ def test_compare_and_set_lets_exactly_one_of_two_racers_win(database_url: str, u
             results.append(move_job(session, job, JobStatus.QUEUED, target, "race"))
             session.commit()
 
-    threads = [threading.Thread(target=race, args=(s,)) for s in (JobStatus.LAUNCHING, JobStatus.CANCELLED)]
+    threads = [
+        threading.Thread(target=race, args=(s,)) for s in (JobStatus.LAUNCHING, JobStatus.CANCELLED)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

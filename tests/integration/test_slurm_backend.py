@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass, classify_failure
 from workers.backends import slurm
-from workers.backends.base import BackendState, BackendStatus, PermanentError
+from workers.backends.base import BackendState, BackendStatus, LaunchRequest, PermanentError
+from workers.backends.slurm_commands import parse_fields
 
 from .slurm_fixtures import (
     MEMORY_HOG_SCRIPT,
@@ -32,6 +35,29 @@ from .slurm_fixtures import (
 __all__ = ["slurm_cluster"]  # the session fixture, imported so that pytest finds it
 
 RUNNING = frozenset({BackendState.RUNNING})
+TIME_LIMIT_S = 60  # Slurm's shortest: --time counts whole minutes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def time_limited_job(
+    slurm_cluster: LocalSlurm, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
+    """Submitted before the other tests run, so that its minute passes while they do."""
+    folder = tmp_path_factory.mktemp("time-limited")
+    profile = slurm_profile(slurm_cluster, cpus_per_node=1, cpu_memory_gib=2)
+    request = sleeping_probe(folder, profile, name="time-limited-a1", time_limit_s=TIME_LIMIT_S)
+    return slurm.submit(request), folder
+
+
+def sleeping_probe(
+    folder: Path, profile: ClusterProfile, *, name: str, nodes: int = 1, **changes: Any
+) -> LaunchRequest:
+    """A job that starts like a training (launcher, process group) and then only waits."""
+    probe = write_script(folder, "probe.py", PROBE_SCRIPT)
+    return launch_request(
+        folder, profile, name=name, entrypoint=probe, nodes=nodes, procs_per_node=1,
+        env={"PROBE_DIR": str(folder), "PROBE_SLEEP_S": "600"}, **changes,
+    )  # fmt: skip
 
 
 def classify(status: BackendStatus) -> FailureClass:
@@ -68,11 +94,7 @@ def test_submitting_the_same_attempt_twice_starts_one_job(
     slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
     profile = slurm_profile(slurm_cluster)
-    probe = write_script(tmp_path, "probe.py", PROBE_SCRIPT)
-    request = launch_request(
-        tmp_path, profile, name="retried-a1", entrypoint=probe, procs_per_node=1,
-        env={"PROBE_DIR": str(tmp_path), "PROBE_SLEEP_S": "300"},
-    )  # fmt: skip
+    request = sleeping_probe(tmp_path, profile, name="retried-a1")
 
     first = slurm.submit(request)
     again = slurm.submit(request)
@@ -91,12 +113,9 @@ def test_cancel_stops_every_process_of_a_running_job(
     slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
     profile = slurm_profile(slurm_cluster)
-    request = launch_request(
-        tmp_path, profile, name="cancelled-a1", entrypoint="examples/train_tiny.py",
-        args=("--steps", "100000", "--checkpoint-interval", "100000"),
-    )  # fmt: skip
+    request = sleeping_probe(tmp_path, profile, name="cancelled-a1")
     ref = slurm.submit(request)
-    wait_for(profile, ref, until=RUNNING, log_contains="step 2 loss")
+    wait_for(profile, ref, until=RUNNING, file_exists=tmp_path / "probe.json")
 
     slurm.cancel(profile, ref)
     status = wait_for(profile, ref)
@@ -134,9 +153,7 @@ def test_job_over_its_memory_limit_is_killed_and_classified_host_oom(
 ) -> None:
     profile = slurm_profile(slurm_cluster, cpu_memory_gib=1.5)  # --mem=1536M, cgroup-enforced
     hog = write_script(tmp_path, "hog.py", MEMORY_HOG_SCRIPT)
-    request = launch_request(
-        tmp_path, profile, name="hog-a1", entrypoint=hog, procs_per_node=1
-    )
+    request = launch_request(tmp_path, profile, name="hog-a1", entrypoint=hog, procs_per_node=1)
 
     status = wait_for(profile, slurm.submit(request))
 
@@ -146,9 +163,7 @@ def test_job_over_its_memory_limit_is_killed_and_classified_host_oom(
     assert classify(status) == FailureClass.OOM_HOST
 
 
-def test_allocator_failure_is_classified_gpu_oom(
-    slurm_cluster: LocalSlurm, tmp_path: Path
-) -> None:
+def test_allocator_failure_is_classified_gpu_oom(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     profile = slurm_profile(slurm_cluster)
     request = launch_request(
         tmp_path, profile, name="allocator-a1", entrypoint="examples/train_tiny.py",
@@ -194,7 +209,10 @@ def test_arguments_and_env_reach_the_training_process_literally(
     [seen] = json.loads((tmp_path / "probe.json").read_text())
     # DeepSpeed's launcher adds --local_rank first; everything else arrives untouched.
     assert seen["argv"] == [
-        "--local_rank=0", *evil, "--deepspeed_config", str(request.ds_config_path)
+        "--local_rank=0",
+        *evil,
+        "--deepspeed_config",
+        str(request.ds_config_path),
     ]
     assert seen["env"] == {
         **{f"EVIL_{i}": v for i, v in enumerate(evil)},
@@ -249,8 +267,41 @@ def test_tiny_deepspeed_job_trains_across_two_nodes(
         args=("--steps", "10"), nodes=2, procs_per_node=1,
     )  # fmt: skip
 
-    status = wait_for(profile, slurm.submit(request))
+    ref = slurm.submit(request)
+    status = wait_for(profile, ref)
 
     assert status.state == BackendState.SUCCEEDED, status.log_tail
-    assert "nnodes=2, num_local_procs=1, node_rank=1" in slurm.logs(profile, slurm.submit(request))
+    assert "nnodes=2, num_local_procs=1, node_rank=1" in slurm.logs(profile, ref)
     assert (tmp_path / "checkpoints" / "global_step10").is_dir()
+
+
+def test_node_failure_is_reported_as_node_lost(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    profile = slurm_profile(slurm_cluster, cpus_per_node=2)  # a node the time-limited job left
+    request = sleeping_probe(tmp_path, profile, name="node-lost-a1")
+    ref = slurm.submit(request)
+    wait_for(profile, ref, until=RUNNING, file_exists=tmp_path / "probe.json")
+    job = parse_fields(slurm_cluster.command("scontrol", "show", "job", "-o", ref.split(":")[0]))
+
+    node = job["NodeList"]
+    slurm_cluster.command("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=test")
+    try:
+        status = wait_for(profile, ref)
+    finally:
+        slurm_cluster.wait_until_idle()  # the node's slurmd still answers: it comes back
+
+    assert (status.state, status.native_state) == (BackendState.FAILED, "NODE_FAIL")
+    assert classify(status) == FailureClass.NODE_LOST
+
+
+def test_time_limit_warns_the_training_then_ends_as_timeout(
+    slurm_cluster: LocalSlurm, time_limited_job: tuple[str, Path]
+) -> None:
+    ref, folder = time_limited_job
+    profile = slurm_profile(slurm_cluster)
+
+    status = wait_for(profile, ref, deadline_s=TIME_LIMIT_S + 240)
+
+    assert (status.state, status.native_state) == (BackendState.FAILED, "TIMEOUT")
+    assert classify(status) == FailureClass.TIMEOUT
+    # USR1 came before the limit; the training got it and the launchers ignored it.
+    assert (folder / "usr1-0").exists()

@@ -9,15 +9,29 @@ from service.core.clusters import BackendKind, ClusterProfile
 from service.core.escalation import next_rung
 from service.core.spec import JobSpec
 
-H100 = ClusterProfile(name="h100", kind=BackendKind.SLURM, accelerator="nvidia-h100-80gb",
-                      gpu_memory_gib=80, gpus_per_node=8, cpu_memory_gib=2048, max_nodes=4)
+H100 = ClusterProfile(
+    name="h100",
+    kind=BackendKind.SLURM,
+    accelerator="nvidia-h100-80gb",
+    gpu_memory_gib=80,
+    gpus_per_node=8,
+    cpu_memory_gib=2048,
+    max_nodes=4,
+)
 
 
 def llama7b(max_attempts: int = 20, **zero: Any) -> JobSpec:
     return JobSpec(
-        name="llama", entrypoint="train.py",
-        model={"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000,
-               "ffn_size": 11008, "tied_embeddings": False},
+        name="llama",
+        entrypoint="train.py",
+        model={
+            "hidden_size": 4096,
+            "num_layers": 32,
+            "num_heads": 32,
+            "vocab_size": 32000,
+            "ffn_size": 11008,
+            "tied_embeddings": False,
+        },
         training={"sequence_length": 4096, "global_batch_size": 256},
         resources={"nodes": 1, "gpus_per_node": 8},
         zero=zero,
@@ -72,9 +86,17 @@ def test_the_ladder_climbs_in_order_and_never_repeats() -> None:
     assert "lower the reduce/all-gather buckets and the stage-3 prefetch" in descriptions
     assert "move to the next ZeRO stage" in descriptions
     assert [c.zero_stage for c, _ in steps] == sorted(c.zero_stage for c, _ in steps)
-    layouts = [(c.zero_stage, c.offload_optimizer, c.offload_param, c.activation_checkpointing,
-                c.micro_batch_size, c.ds_config["zero_optimization"].get("reduce_bucket_size"))
-               for c, _ in steps]
+    layouts = [
+        (
+            c.zero_stage,
+            c.offload_optimizer,
+            c.offload_param,
+            c.activation_checkpointing,
+            c.micro_batch_size,
+            c.ds_config["zero_optimization"].get("reduce_bucket_size"),
+        )
+        for c, _ in steps
+    ]
     assert len(layouts) == len(set(layouts))
 
 
@@ -115,8 +137,9 @@ def test_host_oom_unpins_buffers_then_leaves_offload() -> None:
 def test_other_failures_and_disabled_escalation_have_no_next_rung() -> None:
     spec = llama7b()
     plan = advise(spec, H100).plan
-    disabled = spec.model_copy(update={"escalation": spec.escalation.model_copy(
-        update={"enabled": False})})
+    disabled = spec.model_copy(
+        update={"escalation": spec.escalation.model_copy(update={"enabled": False})}
+    )
 
     assert next_rung(spec, H100, plan, "NCCL_TIMEOUT", []) is None
     assert next_rung(disabled, H100, plan, "OOM_GPU", []) is None

@@ -48,4 +48,7 @@ def test_backend_names_are_deterministic_dns_labels() -> None:
     assert name == backend_name("a-very-long-job-name-that-goes-on", "0123456789abcdef", 12)
     assert name == "zp-a-very-long-job-name-01234567-a12"
     assert len(name) <= 63
-    assert backend_name("abcdefghijklmnopqrs-tuv", "0123456789abcdef", 1) == "zp-abcdefghijklmnopqrs-01234567-a1"
+    assert (
+        backend_name("abcdefghijklmnopqrs-tuv", "0123456789abcdef", 1)
+        == "zp-abcdefghijklmnopqrs-01234567-a1"
+    )

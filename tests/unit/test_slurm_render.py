@@ -76,6 +76,7 @@ def test_directives_ask_for_what_the_job_needs(tmp_path: Path) -> None:
         "--mem=2560M",
         f"--output={attempt}/slurm-%j.log",
         f"--error={attempt}/slurm-%j.log",
+        "--no-requeue",
         "--open-mode=append",
         "--signal=USR1@300",
         "--time=60",

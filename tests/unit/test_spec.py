@@ -78,9 +78,7 @@ def test_global_batch_must_split_over_ranks() -> None:
 
 
 def test_batch_identity_names_the_numbers() -> None:
-    message = error_of(
-        spec(training__micro_batch_size=2, training__gradient_accumulation_steps=3)
-    )
+    message = error_of(spec(training__micro_batch_size=2, training__gradient_accumulation_steps=3))
     assert "2 x 3 x 2 = 12 != global_batch_size 8" in message
 
 

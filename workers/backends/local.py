@@ -8,6 +8,7 @@ so the Celery worker never waits on training.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -48,7 +49,9 @@ def submit(request: LaunchRequest) -> str:
     attempt_dir.mkdir(parents=True, exist_ok=True)
     entry = Path(request.entrypoint)
     if not (entry if entry.is_absolute() else request.working_dir / entry).is_file():
-        raise PermanentError(f"entrypoint {request.entrypoint!r} not found in {request.working_dir}")
+        raise PermanentError(
+            f"entrypoint {request.entrypoint!r} not found in {request.working_dir}"
+        )
     write_json_once(attempt_dir / "launch.json", _launch_plan(request))
     if not (attempt_dir / "started").exists() and not _supervisor_alive(attempt_dir):
         _spawn_supervisor(attempt_dir)
@@ -99,10 +102,8 @@ def cancel(profile: ClusterProfile, ref: str) -> None:
         os.kill(pid, signal.SIGTERM)  # it stops every node's process group, then records codes
         return
     for pid in json.loads(_read(attempt_dir / "nodes.json") or "[]"):
-        try:  # the supervisor is gone: stop its orphans directly
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def log_path(ref: str) -> str:

@@ -11,6 +11,7 @@ Files in the attempt folder: ``launch.json`` (input), ``supervisor.pid``, ``star
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -38,6 +39,7 @@ def main(attempt_dir: Path) -> int:
     nodes = [_start_node(attempt_dir, launch, node) for node in launch["nodes"]]
     (attempt_dir / "nodes.json").write_text(json.dumps([p.pid for _r, p, _l in nodes]))
     codes, first_failure = _wait(nodes, cancelled, float(launch.get("cancel_grace_s", 10)))
+    _clear_groups([process.pid for _rank, process, _log in nodes])
     _write_result(attempt_dir, codes, first_failure, cancelled["flag"])
     return 0
 
@@ -97,7 +99,11 @@ def _wait(
                 codes[rank] = 128 - code if code < 0 else code  # signal N -> 128+N, like a shell
                 if codes[rank] != 0 and first_failure is None and stopping_since is None:
                     first_failure = rank
-        if (cancelled["flag"] or first_failure is not None) and stopping_since is None and len(codes) < len(nodes):
+        if (
+            (cancelled["flag"] or first_failure is not None)
+            and stopping_since is None
+            and len(codes) < len(nodes)
+        ):
             # One node failing leaves the others blocked in collectives: stop them too.
             stopping_since = time.monotonic()
             _signal_all(nodes, codes, signal.SIGTERM)
@@ -114,10 +120,20 @@ def _signal_all(
 ) -> None:
     for rank, process, _log in nodes:
         if rank not in done:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, sig)
+
+
+def _clear_groups(groups: list[int], timeout_s: float = 10.0) -> None:
+    """Kill what is left in each node's process group (ranks outliving their launcher)."""
+    deadline = time.monotonic() + timeout_s
+    for group in groups:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                break  # the group is empty
+            time.sleep(0.1)
 
 
 def _write_result(

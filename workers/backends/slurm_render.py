@@ -112,7 +112,9 @@ def sbatch_options(request: LaunchRequest) -> list[str]:
         f"--mem={math.ceil(profile.cpu_memory_gib * 1024)}M",
         f"--output={log}",
         f"--error={log}",
-        "--open-mode=append",  # a requeued job keeps the first run's lines
+        # zeropilot, not Slurm, decides whether a lost attempt runs again (from its checkpoint).
+        "--no-requeue",
+        "--open-mode=append",  # an admin's requeue keeps the first run's lines
         f"--signal={TIME_LIMIT_SIGNAL}@{signal_lead_s(request.time_limit_s)}",
     ]
     if request.time_limit_s is not None:

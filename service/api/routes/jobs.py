@@ -133,7 +133,9 @@ def job_logs(
     number = attempt or job.current_attempt
     row = next((a for a in job_store.attempts_of(session, job.id) if a.number == number), None)
     if row is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}")
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}"
+        )
     path = Path(row.log_path) if row.log_path else None
     if path is None:
         return LogsPublic(attempt=number, text="")
@@ -235,11 +237,16 @@ def _detail(session: Session, job: Job, team: str) -> JobDetail:
         {
             **_fields(job),
             "team": team,
-            "attempts": [AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)],
+            "attempts": [
+                AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)
+            ],
             "events": [EventPublic.model_validate(e) for e in job_store.events_of(session, job.id)],
-            "metrics": [MetricPublic.model_validate(m) for m in job_store.metrics_of(session, job.id)],
+            "metrics": [
+                MetricPublic.model_validate(m) for m in job_store.metrics_of(session, job.id)
+            ],
             "checkpoints": [
-                CheckpointPublic.model_validate(c) for c in job_store.checkpoints_of(session, job.id)
+                CheckpointPublic.model_validate(c)
+                for c in job_store.checkpoints_of(session, job.id)
             ],
         }
     )

@@ -117,15 +117,15 @@ def pinned_summary(spec: JobSpec) -> str:
 def no_plan_fits(candidates: list[Candidate], budgets: Budgets) -> NoPlanFits:
     """The error for a job nothing fits: the candidate closest to its budgets, and by how much."""
 
-    def overshoot(c: Candidate) -> tuple[int, str]:
+    def overshoots(c: Candidate) -> tuple[int, int]:
         gpu = c.per_gpu_bytes.total - budgets.per_gpu
-        host = c.cpu_bytes_per_node - budgets.host_per_node
-        return (gpu, "per-GPU") if gpu >= host else (host, "host per-node")
+        return (max(gpu, c.cpu_bytes_per_node - budgets.host_per_node), gpu)
 
-    closest = min(candidates, key=lambda c: overshoot(c)[0])
-    over_by, where = overshoot(closest)
-    budget = budgets.per_gpu if where == "per-GPU" else budgets.host_per_node
-    return NoPlanFits(closest, over_by, budget, where)
+    closest = min(candidates, key=overshoots)
+    worst, gpu = overshoots(closest)
+    if gpu == worst:
+        return NoPlanFits(closest, gpu, budgets.per_gpu)
+    return NoPlanFits(closest, worst, budgets.host_per_node, "host per-node")
 
 
 def general_warnings(spec: JobSpec, work: Workload) -> list[str]:

@@ -113,7 +113,7 @@ def evaluate_layout(
         and prediction.cpu_bytes_per_node <= budgets.host_per_node
     )
     config: dict[str, Any] = render_ds_config(work, layout, spec.training, spec.zero.overrides)
-    return Candidate(
+    return Candidate.model_construct(  # every field is computed here; skip re-validation
         zero_stage=layout.stage,
         offload_optimizer="cpu" if layout.offload_optimizer else "none",
         offload_param="cpu" if layout.offload_param else "none",

@@ -9,10 +9,12 @@ either, depending on the model and the batch. Allocator slack and runtime contex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.layout import Layout, Workload
 from service.core.advisor.models import PerGpuBytes
+from service.core.advisor.shape import ModelShape
 
 FP32 = 4
 ADAM_STATES = 8  # exp_avg and exp_avg_sq in fp32
@@ -40,7 +42,7 @@ def predict_memory(
         optimizer += host
     peak_dynamic = params + grads + optimizer + buffers + max(activations, temporaries)
     overhead = overhead_bytes(work, peak_dynamic, calibration)
-    per_gpu = PerGpuBytes(
+    per_gpu = PerGpuBytes.model_construct(
         params=params,
         gradients=grads,
         optimizer=optimizer,
@@ -59,8 +61,12 @@ def partition(numel: int, work: Workload) -> int:
 
 def persistent_params(work: Workload, layout: Layout) -> int:
     """ZeRO-3 keeps tensors under the persistence threshold whole on every rank."""
-    threshold = layout.knobs.param_persistence_threshold
-    return sum(n for n in work.shape.tensor_numels() if n < threshold)
+    return _persistent(work.shape, layout.knobs.param_persistence_threshold)
+
+
+@cache
+def _persistent(shape: ModelShape, threshold: int) -> int:
+    return sum(n for n in shape.tensor_numels() if n < threshold)
 
 
 def param_bytes(work: Workload, layout: Layout) -> int:

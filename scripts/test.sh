@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: static checks, then unit, integration and end-to-end tests against real
+# Redis, PostgreSQL, Slurm (started by the Slurm fixture) and DeepSpeed on the CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+
+# A cached venv may hold an editable install of another checkout: point it at this one.
+python -m pip install --quiet --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
+
+scripts/services.sh
+
+echo "== static checks"
+ruff check .
+ruff format --check .
+mypy
+lint-imports --no-cache
+
+echo "== tests"
+python -m pytest -ra "$@"

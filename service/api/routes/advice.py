@@ -1,0 +1,143 @@
+"""Advice routes: plan a job's memory without submitting it, and lint a user's own ds_config.
+
+These routes only compute; they store nothing and touch no cluster. They know the cluster
+profiles through the ``cluster_profiles`` dependency, which returns only ``local`` here; the
+application overrides it with the configured profiles
+(``app.dependency_overrides[cluster_profiles] = ...``) so that this module imports nothing but
+``service.core`` and FastAPI.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from service.core.advisor import Candidate, NoPlanFits, advise
+from service.core.advisor.lint import Finding, has_errors, lint_ds_config
+from service.core.clusters import LOCAL_PROFILE, ClusterProfile
+from service.core.spec import JobSpec
+
+router = APIRouter(prefix="/v1/advice", tags=["advice"])
+
+PolicyName = Literal["throughput", "capacity"]
+# A body with only the model/training/resources parts still gets advice: these fill the rest.
+PLACEHOLDERS = {"name": "advice", "entrypoint": "train.py"}
+
+
+def cluster_profiles() -> dict[str, ClusterProfile]:
+    """The known cluster profiles by name; the application overrides this dependency."""
+    return {LOCAL_PROFILE.name: LOCAL_PROFILE}
+
+
+ProfilesDep = Annotated[dict[str, ClusterProfile], Depends(cluster_profiles)]
+
+
+class AdvicePublic(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plan: Candidate
+    candidates: list[Candidate]
+    warnings: list[str]
+    reason: str
+
+
+class LintRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ds_config: dict[str, Any]
+    job: dict[str, Any] | None = None
+
+
+class LintPublic(BaseModel):
+    findings: list[Finding]
+    has_errors: bool
+
+
+@router.post("", response_model=AdvicePublic)
+def advise_job(
+    body: Annotated[
+        dict[str, Any],
+        Body(
+            examples=[
+                {
+                    "model": {"parameters": 7_000_000_000},
+                    "training": {"sequence_length": 4096, "global_batch_size": 256},
+                }
+            ]
+        ),
+    ],
+    profiles: ProfilesDep,
+    policy: Annotated[PolicyName | None, Query()] = None,
+) -> AdvicePublic:
+    """Every candidate configuration for the job, the chosen plan and why; nothing is stored."""
+    chosen = _policy(body.pop("policy", None), policy)
+    spec = parse_job(body)
+    profile = profile_for(spec, profiles)
+    try:
+        advice = advise(spec, profile, chosen)
+    except NoPlanFits as exc:
+        raise _no_plan(exc) from exc
+    except ValueError as exc:
+        raise unprocessable(["body"], str(exc)) from exc
+    return AdvicePublic(
+        plan=advice.plan,
+        candidates=advice.candidates,
+        warnings=advice.warnings,
+        reason=advice.reason,
+    )
+
+
+@router.post("/lint", response_model=LintPublic)
+def lint_config(request: LintRequest, profiles: ProfilesDep) -> LintPublic:
+    """Findings for a ds_config; with ``job`` also whether it fits and what would run faster."""
+    spec = parse_job(request.job, loc="job") if request.job is not None else None
+    profile = profile_for(spec, profiles) if spec is not None else None
+    findings = lint_ds_config(request.ds_config, spec, profile)
+    return LintPublic(findings=findings, has_errors=has_errors(findings))
+
+
+def parse_job(body: dict[str, Any], loc: str | None = None) -> JobSpec:
+    """A JobSpec from a full spec or only its model/training/resources/zero parts."""
+    try:
+        return JobSpec.model_validate({**PLACEHOLDERS, **body})
+    except ValidationError as exc:
+        prefix = ("body", loc) if loc else ("body",)
+        errors = [{**e, "loc": (*prefix, *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from exc
+
+
+def profile_for(spec: JobSpec, profiles: dict[str, ClusterProfile]) -> ClusterProfile:
+    profile = profiles.get(spec.resources.cluster)
+    if profile is None:
+        known = ", ".join(sorted(profiles))
+        raise unprocessable(
+            ["body", "resources", "cluster"],
+            f"unknown cluster {spec.resources.cluster!r}; known: {known}",
+        )
+    return profile
+
+
+def _policy(from_body: Any, from_query: PolicyName | None) -> PolicyName:
+    value = from_query or from_body or "throughput"
+    if value not in ("throughput", "capacity"):
+        raise unprocessable(
+            ["body", "policy"], f"policy must be throughput or capacity, not {value!r}"
+        )
+    chosen: PolicyName = value
+    return chosen
+
+
+def unprocessable(loc: list[str], message: str, **extra: Any) -> HTTPException:
+    detail = [{"loc": loc, "msg": message, "type": "value_error", **extra}]
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
+
+
+def _no_plan(exc: NoPlanFits) -> HTTPException:
+    """Nothing fits: say so, with the closest candidate and the overshoot, as data."""
+    closest = exc.closest.model_dump(mode="json")
+    return unprocessable(
+        ["body", "resources"], str(exc), closest=closest, over_by_bytes=exc.over_by_bytes
+    )

@@ -1,0 +1,198 @@
+"""The advisor's HTTP routes and CLI commands, called the way users call them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from service.api.routes import advice
+from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
+from zeropilot.cli_advice import advise_command, lint_command
+
+H100 = ClusterProfile(name="h100", kind=BackendKind.SLURM, accelerator="nvidia-h100-80gb",
+                      gpu_memory_gib=80, gpus_per_node=8, cpu_memory_gib=2048, max_nodes=4)
+TINY: dict[str, Any] = {
+    "name": "tiny", "entrypoint": "examples/train_tiny.py",
+    "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128,
+              "tied_embeddings": False},
+    "training": {"sequence_length": 32, "global_batch_size": 8},
+    "resources": {"nodes": 1, "gpus_per_node": 2},
+}
+LLAMA_PARTS: dict[str, Any] = {
+    "model": {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000,
+              "ffn_size": 11008, "tied_embeddings": False},
+    "training": {"sequence_length": 4096, "global_batch_size": 256},
+    "resources": {"cluster": "h100", "nodes": 1, "gpus_per_node": 8},
+}
+
+
+@pytest.fixture
+def api() -> TestClient:
+    app = FastAPI()
+    app.include_router(advice.router)
+    app.dependency_overrides[advice.cluster_profiles] = lambda: {"local": LOCAL_PROFILE,
+                                                                 "h100": H100}
+    return TestClient(app)
+
+
+@pytest.fixture
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("advise")(advise_command)
+    app.command("lint")(lint_command)
+    return app
+
+
+def test_post_advice_returns_plan_candidates_and_warnings(api: TestClient) -> None:
+    response = api.post("/v1/advice", json=TINY)
+
+    assert response.status_code == 200
+    body = response.json()
+    assert {"plan", "candidates", "warnings"} <= set(body)
+    assert body["plan"]["fits"] and body["plan"]["ds_config"]["train_batch_size"] == 8
+    assert len(body["candidates"]) > 1
+
+
+def test_post_advice_accepts_only_the_model_training_resources_parts(api: TestClient) -> None:
+    response = api.post("/v1/advice", json=LLAMA_PARTS)
+
+    assert response.status_code == 200
+    assert response.json()["plan"]["zero_stage"] in (1, 2)
+
+
+def test_capacity_policy_from_query_or_body(api: TestClient) -> None:
+    by_query = api.post("/v1/advice", params={"policy": "capacity"}, json=LLAMA_PARTS).json()
+    by_body = api.post("/v1/advice", json={**LLAMA_PARTS, "policy": "capacity"}).json()
+
+    assert by_query["plan"] == by_body["plan"]
+    assert by_query["plan"]["per_gpu_bytes"]["total"] == min(
+        c["per_gpu_bytes"]["total"] for c in by_query["candidates"] if c["fits"])
+
+
+def test_bad_specs_get_422_naming_the_field(api: TestClient) -> None:
+    bad_heads = {**TINY, "model": {**TINY["model"], "num_heads": 5}}
+    unknown_cluster = {**TINY, "resources": {"cluster": "mars"}}
+
+    first = api.post("/v1/advice", json=bad_heads)
+    second = api.post("/v1/advice", json=unknown_cluster)
+
+    assert first.status_code == 422 and "must divide" in json.dumps(first.json())
+    assert second.status_code == 422 and "unknown cluster 'mars'" in json.dumps(second.json())
+
+
+def test_nothing_fits_gets_422_with_the_closest_candidate(api: TestClient) -> None:
+    huge = {**LLAMA_PARTS, "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2},
+            "training": {"sequence_length": 4096, "global_batch_size": 8}}
+
+    response = api.post("/v1/advice", json=huge)
+
+    assert response.status_code == 422
+    [detail] = response.json()["detail"]
+    assert "over by" in detail["msg"] and detail["over_by_bytes"] > 0
+    assert detail["closest"]["zero_stage"] == 3
+
+
+def test_post_lint_with_and_without_a_job(api: TestClient) -> None:
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+              "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}}
+
+    alone = api.post("/v1/advice/lint", json={"ds_config": config}).json()
+    with_job = api.post("/v1/advice/lint", json={"ds_config": config, "job": TINY}).json()
+
+    assert not alone["has_errors"]
+    assert with_job["has_errors"]  # 4 x 2 x 2 ranks is 16, not 8
+    assert any(f["key"] == "train_batch_size" and f["severity"] == "error"
+               for f in with_job["findings"])
+
+
+def write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_cli_advise_prints_a_table_with_the_plan_marked(cli: typer.Typer, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["advise", str(write(tmp_path / "job.yaml", TINY))],
+                                terminal_width=200)
+
+    assert result.exit_code == 0, result.output
+    assert "plan: ZeRO-0 mb=4x1" in result.output
+    assert "\u2192" in result.output and "lowest stage that fits" in result.output
+
+
+def test_cli_advise_json_and_chart(cli: typer.Typer, tmp_path: Path) -> None:
+    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
+                                           **LLAMA_PARTS})
+    chart = tmp_path / "chart.svg"
+
+    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "80", "--json",
+                                      "--chart", str(chart)])
+
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["plan"]["zero_stage"] in (1, 2) and body["candidates"]
+    svg = chart.read_text()
+    assert svg.startswith("<svg") and "budget 72.0 GiB" in svg
+    assert svg.count("<g>") == len(body["candidates"])
+
+
+def test_cli_advise_options_override_the_spec(cli: typer.Typer, tmp_path: Path) -> None:
+    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
+                                           **LLAMA_PARTS})
+
+    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "80", "--nodes",
+                                      "2", "--gpus-per-node", "4", "--json"])
+
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)["plan"]
+    assert plan["micro_batch_size"] * plan["gradient_accumulation_steps"] * 8 == 256
+
+
+def test_cli_advise_bad_input_exits_2(cli: typer.Typer, tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", {**TINY, "training": {"sequence_length": 0,
+                                                             "global_batch_size": 8}})
+    missing = tmp_path / "missing.yaml"
+    unknown = write(tmp_path / "unknown.yaml", {"name": "x", "entrypoint": "t.py", **LLAMA_PARTS})
+
+    assert CliRunner().invoke(cli, ["advise", str(bad)]).exit_code == 2
+    assert CliRunner().invoke(cli, ["advise", str(missing)]).exit_code == 2
+    assert CliRunner().invoke(cli, ["advise", str(unknown)]).exit_code == 2
+
+
+def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(cli: typer.Typer,
+                                                             tmp_path: Path) -> None:
+    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
+                                           **LLAMA_PARTS})
+
+    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "2",
+                                      "--gpus-per-node", "1"])
+
+    assert result.exit_code == 1
+    assert "over by" in result.output
+
+
+def test_cli_lint_exit_codes(cli: typer.Typer, tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+                                "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+                                "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 4,
+                                  "gradient_accumulation_steps": 1}))
+    not_json = tmp_path / "bad.json"
+    not_json.write_text("{nope")
+    job = write(tmp_path / "job.yaml", TINY)
+    runner = CliRunner()
+
+    assert runner.invoke(cli, ["lint", str(good), "--job", str(job)]).exit_code == 0
+    result = runner.invoke(cli, ["lint", str(broken), "--json"])
+    assert result.exit_code == 1
+    assert any(f["severity"] == "error" for f in json.loads(result.output))
+    assert runner.invoke(cli, ["lint", str(not_json)]).exit_code == 2

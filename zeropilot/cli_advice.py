@@ -1,0 +1,247 @@
+"""``zeropilot advise`` and ``zeropilot lint``: the memory advisor and the ds_config linter, here.
+
+Both compute on this machine with ``service.core`` (installed with the client), so they work
+without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from service.core.advisor import Advice, Candidate, NoPlanFits, advise
+from service.core.advisor.chart import render_breakdown_svg
+from service.core.advisor.constants import DEFAULT_HEADROOM
+from service.core.advisor.lint import Finding, has_errors, lint_ds_config
+from service.core.advisor.workload import budget_bytes
+from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
+from service.core.spec import JobSpec
+
+GIB = 1024**3
+console = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+GpuMemoryOpt = Annotated[
+    float | None, typer.Option("--gpu-memory-gib", help="Memory per GPU (per rank on CPU).")
+]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML/JSON file holding a mapping, or exit 2 naming what is wrong with it."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror}", 2)
+    except yaml.YAMLError as exc:
+        _fail(f"{path} is not valid YAML/JSON: {exc}", 2)
+    if not isinstance(data, dict):
+        _fail(f"{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
+    return data
+
+
+def load_job(path: Path, nodes: int | None = None, gpus_per_node: int | None = None) -> JobSpec:
+    raw = read_mapping(path, "a job spec")
+    resources = dict(raw.get("resources") or {})
+    if nodes is not None:
+        resources["nodes"] = nodes
+    if gpus_per_node is not None:
+        resources["gpus_per_node"] = gpus_per_node
+    try:
+        return JobSpec.model_validate({**raw, "resources": resources})
+    except ValidationError as exc:
+        _fail(f"{path}: {_validation_message(exc)}", 2)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
+    """``local`` as configured, or any cluster described by --gpu-memory-gib and the spec."""
+    resources = spec.resources
+    if spec.resources.cluster == LOCAL_PROFILE.name:
+        base = LOCAL_PROFILE
+    elif gpu_memory_gib is None:
+        _fail(f"cluster {resources.cluster!r} is not known here; give --gpu-memory-gib", 2)
+    else:
+        base = ClusterProfile(
+            name=resources.cluster,
+            kind=BackendKind.KUBERNETES,
+            accelerator="gpu",
+            cpu_memory_gib=1024,
+        )
+    update: dict[str, Any] = {
+        "gpus_per_node": max(base.gpus_per_node, resources.gpus_per_node),
+        "max_nodes": max(base.max_nodes, resources.nodes),
+    }
+    if gpu_memory_gib is not None:
+        if gpu_memory_gib <= 0:
+            _fail(f"--gpu-memory-gib must be positive, not {gpu_memory_gib}", 2)
+        update["gpu_memory_gib"] = gpu_memory_gib
+    return base.model_copy(update=update)
+
+
+def advise_command(
+    file: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON.")],
+    gpu_memory_gib: GpuMemoryOpt = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Override resources.nodes.")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="Override resources.gpus_per_node.")
+    ] = None,
+    as_json: JsonOpt = False,
+    chart: Annotated[
+        Path | None, typer.Option("--chart", help="Write an SVG of each candidate's memory.")
+    ] = None,
+) -> None:
+    """Predict per-GPU memory for every DeepSpeed configuration of a job and pick one."""
+    spec = load_job(file, nodes, gpus_per_node)
+    profile = profile_for(spec, gpu_memory_gib)
+    try:
+        advice = advise(spec, profile)
+    except NoPlanFits as exc:
+        _print_closest(exc, as_json)
+        raise typer.Exit(1) from exc
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if chart is not None:
+        budget = budget_bytes(profile, DEFAULT_HEADROOM)
+        chart.write_text(render_breakdown_svg(advice.candidates, budget, advice.plan))
+    if as_json:
+        _print_json(advice.model_dump(mode="json"))
+    else:
+        _print_advice(advice, profile)
+
+
+def _print_closest(exc: NoPlanFits, as_json: bool) -> None:
+    if as_json:
+        _print_json(
+            {
+                "error": str(exc),
+                "over_by_bytes": exc.over_by_bytes,
+                "closest": exc.closest.model_dump(mode="json"),
+            }
+        )
+    else:
+        err.print(f"[red]no plan fits:[/red] {exc}", highlight=False)
+
+
+def _print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+
+
+def _unit(advice: Advice) -> tuple[str, int]:
+    """GiB for real models, MiB when everything is smaller than a GiB (the tiny example)."""
+    largest = max(c.per_gpu_bytes.total for c in advice.candidates)
+    return ("GiB", GIB) if largest >= GIB else ("MiB", 1024**2)
+
+
+def _print_advice(advice: Advice, profile: ClusterProfile) -> None:
+    unit, scale = _unit(advice)
+    table = Table(
+        title=f"Per-GPU memory ({unit}) on {profile.name}, {profile.gpu_memory_gib:g} GiB per GPU"
+    )
+    table.add_column("config (\u2192 plan)", no_wrap=True)
+    for column in (
+        "params",
+        "grads",
+        "optim",
+        "activ",
+        "buffers",
+        "temps",
+        "overhead",
+        "total",
+        "fits",
+        "cost",
+    ):
+        table.add_column(column, justify="right", no_wrap=True)
+    for candidate in advice.candidates:
+        table.add_row(*_row(candidate, candidate == advice.plan, scale))
+    console.print(table)
+    console.print(f"[bold]plan:[/bold] {advice.plan.label()}", highlight=False)
+    console.print(advice.reason, highlight=False)
+    for warning in advice.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+def _row(candidate: Candidate, chosen: bool, scale: int) -> list[str]:
+    b = candidate.per_gpu_bytes
+    sizes = [
+        b.params,
+        b.gradients,
+        b.optimizer,
+        b.activations,
+        b.buffers,
+        b.temporaries,
+        b.overhead,
+        b.total,
+    ]
+    marker = "\u2192 " if chosen else "  "
+    return [
+        marker + candidate.label(),
+        *(f"{n / scale:.2f}" for n in sizes),
+        "yes" if candidate.fits else "no",
+        f"{candidate.relative_cost:.2f}",
+    ]
+
+
+def lint_command(
+    ds_config: Annotated[Path, typer.Argument(help="The ds_config.json to review.")],
+    job: Annotated[
+        Path | None, typer.Option("--job", help="Job spec: adds the memory checks.")
+    ] = None,
+    gpu_memory_gib: GpuMemoryOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Review a DeepSpeed config against DeepSpeed's rules and the ZeRO pitfalls."""
+    config = read_json_object(ds_config)
+    spec = load_job(job) if job is not None else None
+    profile = profile_for(spec, gpu_memory_gib) if spec is not None else None
+    findings = lint_ds_config(config, spec, profile)
+    if as_json:
+        _print_json([f.model_dump(mode="json") for f in findings])
+    else:
+        _print_findings(findings)
+    if has_errors(findings):
+        raise typer.Exit(1)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror}", 2)
+    except json.JSONDecodeError as exc:
+        _fail(f"{path} is not valid JSON: {exc}", 2)
+    if not isinstance(data, dict):
+        _fail(f"{path} must hold a JSON object, not {type(data).__name__}", 2)
+    return data
+
+
+def _print_findings(findings: list[Finding]) -> None:
+    if not findings:
+        console.print("no findings", highlight=False)
+        return
+    styles = {"error": "red", "warning": "yellow", "info": "cyan"}
+    for finding in findings:
+        style = styles[finding.severity]
+        console.print(
+            f"[{style}]{finding.severity}[/{style}] [bold]{finding.key or '(config)'}"
+            f"[/bold]: {finding.reason}\n    fix: {finding.fix}",
+            highlight=False,
+        )
