@@ -1,4 +1,4 @@
-"""The local backend with real DeepSpeed processes: multi-node launch, failure, cancel, idempotency."""
+"""The local backend with real DeepSpeed: multi-node launch, failure, cancel, idempotency."""
 
 from __future__ import annotations
 
@@ -105,5 +105,5 @@ def test_missing_entrypoint_is_a_permanent_error(tmp_path: Path) -> None:
 
     bad = request(tmp_path)
     bad = LaunchRequest(**{**bad.__dict__, "entrypoint": "no_such_script.py"})
-    with pytest.raises(PermanentError, match="no_such_script.py"):
+    with pytest.raises(PermanentError, match=r"no_such_script\.py"):
         local.submit(bad)
