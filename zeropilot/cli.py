@@ -21,8 +21,9 @@ from zeropilot.client import ApiError, Client, format_detail
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
 users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
-console = Console()
-err = Console(stderr=True)
+# soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 HEARTBEAT_S = 20.0
@@ -109,7 +110,7 @@ def _print_plan(plan: dict[str, Any], reason: str) -> None:
 
 def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> dict[str, Any]:
     """Print status changes and each new step until the job ends; return the final job."""
-    seen_events, last_metric = 0, 0
+    seen_events, last_metric, last_heartbeat = 0, 0, ""
     quiet_since = time.monotonic()
     while True:
         job: dict[str, Any] = _api(client.get_job, job_id)
@@ -127,17 +128,21 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
         if job["status"] in TERMINAL:
             return job
         if not quiet and time.monotonic() - quiet_since > HEARTBEAT_S:
-            _print_heartbeat(client, job)
+            last_heartbeat = _print_heartbeat(client, job, last_heartbeat)
             quiet_since = time.monotonic()
         time.sleep(interval)
 
 
-def _print_heartbeat(client: Client, job: dict[str, Any]) -> None:
-    """On a long silence, say what the job is doing: its last log line or pending reason."""
+def _print_heartbeat(client: Client, job: dict[str, Any], previous: str) -> str:
+    """On a long silence, say what the job is doing: its pending reason or last log line."""
     attempt = job["attempts"][-1] if job["attempts"] else {}
     text, _ = _api(client.logs, job["id"], 1)
-    detail = attempt.get("failure_message") or text.strip()[-160:] or "no output yet"
-    console.print(f"         ... {job['status']}: {detail}", highlight=False)
+    last_line = text.strip().splitlines()[-1][:160] if text.strip() else ""
+    detail = attempt.get("failure_message") or last_line or "no output yet"
+    line = f"         ... {job['status']}: {detail}"
+    if line != previous:  # say it once; silence again means nothing new
+        console.print(line, highlight=False)
+    return line
 
 
 def _metric_line(point: dict[str, Any]) -> str:

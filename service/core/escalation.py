@@ -168,8 +168,11 @@ def _single_step(
 ) -> tuple[Candidate, str] | None:
     for step, description in ladder:
         layout = step(start, pricing.work)
-        if layout is not None and pricing.acceptable(candidate := pricing.evaluate(layout)):
-            return candidate, description
+        while layout is not None:
+            if pricing.acceptable(candidate := pricing.evaluate(layout)):
+                return candidate, description
+            # ZeRO-1 and ZeRO-2 measure alike in DeepSpeed 0.19: try the stage after as well
+            layout = next_stage(layout, pricing.work) if step is next_stage else None
     return None
 
 

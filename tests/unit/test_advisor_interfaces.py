@@ -97,7 +97,9 @@ def test_nothing_fits_gets_422_with_the_closest_candidate(api: TestClient) -> No
     assert response.status_code == 422
     [detail] = response.json()["detail"]
     assert "over by" in detail["msg"] and detail["over_by_bytes"] > 0
-    assert detail["closest"]["zero_stage"] == 3
+    closest = detail["closest"]
+    assert closest["fits"] is False
+    assert closest["per_gpu_bytes"]["total"] - detail["over_by_bytes"] == int(16 * 0.9 * 1024**3)
 
 
 def test_post_lint_with_and_without_a_job(api: TestClient) -> None:

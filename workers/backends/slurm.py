@@ -146,14 +146,24 @@ def _existing_job(request: LaunchRequest, attempt_dir: Path) -> str | None:
     recorded = attempt_dir / JOB_ID_FILE
     if recorded.exists():
         return recorded.read_text().strip()
-    # sbatch may have succeeded right before a crash that lost its answer: ask by name.
+    # sbatch may have succeeded right before a crash that lost its answer: ask by name, and
+    # adopt only a job started from this attempt's folder (sbatch runs there), not a namesake.
     listed = run_slurm(
         request.profile,
-        ["squeue", "--me", "--noheader", "--states=all", f"--name={request.name}", "--format=%i"],
-    ).split()
-    if listed:
-        _record_job_id(attempt_dir, listed[0])
-        return listed[0]
+        [
+            "squeue",
+            "--me",
+            "--noheader",
+            "--states=all",
+            f"--name={request.name}",
+            "--format=%i %Z",
+        ],
+    )
+    for line in listed.splitlines():
+        job_id, _, work_dir = line.strip().partition(" ")
+        if work_dir == str(attempt_dir):
+            _record_job_id(attempt_dir, job_id)
+            return job_id
     return None
 
 

@@ -23,15 +23,15 @@ class Activations:
     checkpointed_per_hidden: float = 1.0  # literature: only each block's input is kept
     logits_bytes_per_vocab: float = 10.0  # literature: bf16 logits, fp32 copy, fp32 softmax grad
     embedding_per_hidden: float = 2.0  # literature: embedding output and final norm
+    kept_logits_bytes_per_vocab: float = 2.0  # 16-bit logits the loop holds through the step
 
 
 @dataclass(frozen=True)
 class Step:
     """Optimizer-step temporaries, as multiples of the fp32 partition (4 bytes per element)."""
 
-    torch_adam_partitions: float = 1.0  # literature: torch's single-tensor AdamW `denom`
+    torch_adam_partitions: float = 2.0  # CPU-measured later: torch AdamW's whole-tensor scratch
     fused_adam_partitions: float = 0.0  # literature: FusedAdam works in place, chunk by chunk
-    fp32_grad_partitions: float = 1.0  # literature: DeepSpeed upcasts the grad partition
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
-"""The memory model: per-GPU bytes of one layout, by what holds them, and host bytes per node.
+"""The memory model: per-GPU bytes of one layout at its peak, by what holds them.
 
-Each function below is one line of the breakdown. The peak is the persistent state (parameters,
-gradients, optimizer states, communication buffers) plus the larger of the two transient phases:
-forward/backward activations or optimizer-step temporaries; the measured runs put the peak in
-either, depending on the model and the batch. Allocator slack and runtime context come on top.
+A training step has two peaks, and the measured runs (docs/advisor.md) put the step's peak in
+either: the end of the backward pass (activations, gradients being reduced, communication
+buckets, gathered ZeRO-3 parameters) or the optimizer step (fp32 gradient partitions and the
+update's scratch tensors). Both are computed on top of what every step holds (16-bit
+parameters, fp32 master weights and optimizer states, ZeRO-3's gradient partition and bucket),
+and the larger one is reported, so that ``total`` is the sum of the fields. What each ZeRO
+stage allocates follows DeepSpeed 0.19.8 as measured on the CPU; the sizes are per rank.
 """
 
 from __future__ import annotations
@@ -19,40 +22,50 @@ from service.core.advisor.shape import ModelShape
 FP32 = 4
 ADAM_STATES = 8  # exp_avg and exp_avg_sq in fp32
 SGD_STATES = 4  # momentum in fp32
+ALLREDUCE_BUCKET = 500_000_000  # DeepSpeed's ZeRO-0 all-reduce bucket, in elements
+
+
+@dataclass(frozen=True)
+class Phase:
+    gradients: int
+    buffers: int
+    activations: int
+    temporaries: int
+
+    def transient(self) -> int:
+        return self.gradients + self.buffers + self.activations + self.temporaries
 
 
 @dataclass(frozen=True)
 class Prediction:
     per_gpu: PerGpuBytes
     cpu_bytes_per_node: int
+    phase: str  # "backward" or "step": where the peak is
 
 
 def predict_memory(
     work: Workload, layout: Layout, calibration: Calibration = CALIBRATION
 ) -> Prediction:
     """Predicted peak per GPU and host memory per node for one layout."""
-    params = param_bytes(work, layout)
-    grads = gradient_bytes(work, layout)
-    optimizer = optimizer_bytes(work, layout)
-    buffers = buffer_bytes(work, layout)
-    activations = activation_bytes(work, layout, calibration)
-    temporaries = step_temporary_bytes(work, layout, calibration)
     host = offloaded_bytes_per_rank(work, layout)
-    if work.on_cpu:  # "offloading" to the same RAM saves nothing
-        optimizer += host
-    peak_dynamic = params + grads + optimizer + buffers + max(activations, temporaries)
-    overhead = overhead_bytes(work, peak_dynamic, calibration)
+    params = param_bytes(work, layout)
+    optimizer = optimizer_bytes(work, layout) + (host if work.on_cpu else 0)
+    backward = backward_phase(work, layout, calibration)
+    step = step_phase(work, layout, calibration)
+    phase, peak = ("step", step) if step.transient() > backward.transient() else ("backward", backward)
+    dynamic = params + optimizer + peak.transient()
+    overhead = overhead_bytes(work, dynamic, calibration)
     per_gpu = PerGpuBytes.model_construct(
         params=params,
-        gradients=grads,
+        gradients=peak.gradients,
         optimizer=optimizer,
-        activations=activations,
-        buffers=buffers,
-        temporaries=temporaries,
+        activations=peak.activations,
+        buffers=peak.buffers,
+        temporaries=peak.temporaries,
         overhead=overhead,
-        total=peak_dynamic + overhead,
+        total=dynamic + overhead,
     )
-    return Prediction(per_gpu, host_bytes_per_node(work, layout, host))
+    return Prediction(per_gpu, host_bytes_per_node(work, layout, host), phase)
 
 
 def partition(numel: int, work: Workload) -> int:
@@ -70,22 +83,12 @@ def _persistent(shape: ModelShape, threshold: int) -> int:
 
 
 def param_bytes(work: Workload, layout: Layout) -> int:
+    """16-bit parameters: whole below ZeRO-3; a partition plus the persistent ones under it."""
     total, weight = work.shape.parameters, work.weight_bytes
     if layout.stage < 3:
         return weight * total
-    persistent = persistent_params(work, layout)
-    sharded = 0 if layout.offload_param else partition(total - persistent, work)
-    return weight * (sharded + persistent)
-
-
-def gradient_bytes(work: Workload, layout: Layout) -> int:
-    """Gradients held through backward: whole below ZeRO-2, a partition from ZeRO-2 on."""
-    total, weight = work.shape.parameters, work.weight_bytes
-    if layout.stage <= 1:
-        return weight * total
-    if layout.offload_optimizer:  # reduced straight into the host's fp32 partition
-        return 0
-    return weight * partition(total, work)
+    sharded = 0 if layout.offload_param else partition(total, work)
+    return weight * (sharded + persistent_params(work, layout))
 
 
 def _state_bytes_per_param(work: Workload) -> int:
@@ -95,7 +98,7 @@ def _state_bytes_per_param(work: Workload) -> int:
 
 
 def optimizer_bytes(work: Workload, layout: Layout) -> int:
-    """fp32 master weights (mixed precision) and optimizer states, on the device."""
+    """fp32 master weights (mixed precision) and optimizer states kept on the device."""
     if layout.offload_optimizer:
         return 0
     per_param = _state_bytes_per_param(work)
@@ -104,23 +107,76 @@ def optimizer_bytes(work: Workload, layout: Layout) -> int:
     return per_param * partition(work.shape.parameters, work)
 
 
-def buffer_bytes(work: Workload, layout: Layout) -> int:
-    """Gradient-reduction buckets and, under ZeRO-3, the gathered parameters in flight."""
-    knobs, weight = layout.knobs, work.weight_bytes
+def held_gradients(work: Workload, layout: Layout) -> int:
+    """ZeRO-3 keeps a 16-bit gradient partition between steps; lower stages free theirs."""
+    if layout.stage == 3:
+        return work.weight_bytes * partition(work.shape.parameters, work)
+    return 0
+
+
+def fp32_gradient_bytes(work: Workload, layout: Layout, in_step: bool = False) -> int:
+    """The fp32 gradients: whole at ZeRO-0, this rank's partition above. Under offload the
+    update reads them on the host, but backward still forms them on the device (measured)."""
+    if layout.offload_optimizer and in_step:
+        return 0
     if layout.stage == 0:
-        return weight * min(work.shape.parameters, knobs.allgather_bucket_size)
-    buckets = 2 if knobs.overlap_comm else 1
-    reduce = buckets * weight * knobs.reduce_bucket_size
-    if layout.stage < 3:
-        return reduce
-    return reduce + weight * gathered_params(work, layout)
+        return FP32 * work.shape.parameters if work.precision != "fp32" else 0
+    return FP32 * partition(work.shape.parameters, work)
 
 
-def gathered_params(work: Workload, layout: Layout) -> int:
-    """Parameters gathered at once under ZeRO-3: the module in use plus the prefetch."""
+def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
+    """End of backward: activations, gradients produced and reduced, buckets in flight."""
+    if layout.stage == 0:
+        gradients = work.weight_bytes * work.shape.parameters
+    else:
+        gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout)
+    return Phase(
+        gradients=gradients,
+        buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
+        activations=activation_bytes(work, layout, calibration),
+        temporaries=0,
+    )
+
+
+def step_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
+    """The optimizer step: fp32 gradients, the update's scratch, the loop's last logits."""
+    gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout, in_step=True)
+    if layout.stage == 0:
+        gradients += work.weight_bytes * work.shape.parameters
+    return Phase(
+        gradients=gradients,
+        buffers=held_bucket_bytes(work, layout),
+        activations=kept_logits_bytes(work, layout, calibration),
+        temporaries=step_temporary_bytes(work, layout, calibration),
+    )
+
+
+def bucket_bytes(work: Workload, layout: Layout) -> int:
+    """Gradient-reduction buckets; DeepSpeed allocates each whole, two with overlap_comm."""
+    knobs = layout.knobs
+    if layout.stage == 0:  # the engine flattens gradients into one all-reduce buffer
+        return work.weight_bytes * min(work.shape.parameters, ALLREDUCE_BUCKET)
+    if layout.stage == 3:
+        return held_bucket_bytes(work, layout)
+    count = 2 if knobs.overlap_comm else 1
+    return count * work.weight_bytes * knobs.reduce_bucket_size
+
+
+def held_bucket_bytes(work: Workload, layout: Layout) -> int:
+    """ZeRO-3 keeps its reduction bucket allocated between steps."""
+    if layout.stage != 3:
+        return 0
+    return work.weight_bytes * layout.knobs.reduce_bucket_size
+
+
+def gathered_bytes(work: Workload, layout: Layout) -> int:
+    """ZeRO-3 parameters gathered at once: the module in use plus the prefetch."""
+    if layout.stage != 3:
+        return 0
     knobs, shape = layout.knobs, work.shape
     in_flight = 2 * shape.largest_module_params + knobs.prefetch_bucket_size
-    return min(in_flight, knobs.max_live_parameters + shape.largest_module_params, shape.parameters)
+    limit = knobs.max_live_parameters + shape.largest_module_params
+    return work.weight_bytes * min(in_flight, limit, shape.parameters)
 
 
 def activation_bytes(work: Workload, layout: Layout, calibration: Calibration) -> int:
@@ -146,19 +202,24 @@ def block_activation_bytes(work: Workload, tokens: int, calibration: Calibration
     return tokens * elements * work.weight_bytes
 
 
+def kept_logits_bytes(work: Workload, layout: Layout, calibration: Calibration) -> int:
+    """A training loop still holds its last logits (16-bit) while the optimizer steps."""
+    tokens = layout.micro_batch * work.sequence_length
+    return int(tokens * work.shape.vocab * calibration.activations.kept_logits_bytes_per_vocab)
+
+
 def step_temporary_bytes(work: Workload, layout: Layout, calibration: Calibration) -> int:
-    """Device memory only the optimizer step needs: the fp32 gradients and the update's scratch."""
-    if layout.offload_optimizer:
-        return 0  # the step runs on the host
+    """Scratch tensors of the update, in fp32 partitions (on the host under offload)."""
+    if layout.offload_optimizer and not work.on_cpu:
+        return 0
     constants = calibration.step
-    numel = work.shape.parameters if layout.stage == 0 else partition(work.shape.parameters, work)
-    scratch = (
-        constants.torch_adam_partitions
-        if work.optimizer_impl == "torch"
-        else constants.fused_adam_partitions
-    )
-    upcast = constants.fp32_grad_partitions if work.precision != "fp32" else 0.0
-    return int(FP32 * numel * (scratch + upcast))
+    # ZeRO-0 steps tensor by tensor; ZeRO-1/2/3 step one flat fp32 partition
+    numel = work.shape.largest_tensor if layout.stage == 0 else partition(work.shape.parameters, work)
+    if work.optimizer_impl == "torch":
+        scratch = constants.torch_adam_partitions
+    else:
+        scratch = constants.fused_adam_partitions
+    return int(FP32 * numel * scratch)
 
 
 def overhead_bytes(work: Workload, dynamic: int, calibration: Calibration) -> int:
@@ -174,15 +235,18 @@ def offloaded_bytes_per_rank(work: Workload, layout: Layout) -> int:
         return 0
     numel = partition(work.shape.parameters, work)
     per_param = _state_bytes_per_param(work) + FP32  # plus the fp32 gradient partition
-    host = _pinned(per_param * numel, layout)
+    host = _pinned(per_param * numel, work, layout)
+    if layout.stage < 3:  # a 16-bit staging partition for the copy back (measured)
+        host += _pinned(work.weight_bytes * numel, work, layout)
     if layout.offload_param:
-        host += _pinned(work.weight_bytes * numel, layout)
+        host += _pinned(work.weight_bytes * numel, work, layout)
     return host
 
 
-def _pinned(nbytes: int, layout: Layout) -> int:
-    """PyTorch's pinned-memory allocator rounds each block up to a power of two."""
-    if not layout.knobs.pin_memory or nbytes <= 0:
+def _pinned(nbytes: int, work: Workload, layout: Layout) -> int:
+    """PyTorch's pinned-memory allocator rounds each block up to a power of two (CUDA hosts
+    only: DeepSpeed's CPU accelerator does not pin)."""
+    if work.on_cpu or not layout.knobs.pin_memory or nbytes <= 0:
         return nbytes
     return 1 << (nbytes - 1).bit_length()
 

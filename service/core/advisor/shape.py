@@ -54,6 +54,10 @@ class ModelShape:
         return [*sizes, self.hidden, self.hidden]
 
     @property
+    def largest_tensor(self) -> int:
+        return max(self.embedding_params, *self.layer_tensor_numels)
+
+    @property
     def largest_module_params(self) -> int:
         """The most parameters one module gathers at once under ZeRO-3."""
         biggest_layer_tensor = max(self.layer_tensor_numels)
