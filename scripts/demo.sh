@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-export PATH="$PWD/$VENV/bin:$PATH"
+case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
+export PATH="$VENV/bin:$PATH"
 export ZEROPILOT_DATA_DIR=${ZEROPILOT_DATA_DIR:-$PWD/.zeropilot/data}
 export ZEROPILOT_API__PORT=${ZEROPILOT_API__PORT:-8321}
 export ZEROPILOT_URL="http://127.0.0.1:${ZEROPILOT_API__PORT}"

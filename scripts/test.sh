@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-export PATH="$PWD/$VENV/bin:$PATH"
+case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
+export PATH="$VENV/bin:$PATH"
 
 # A cached venv may hold an editable install of another checkout: point it at this one.
 python -m pip install --quiet --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
