@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from advisor_model_vs_runs import ROOT, Point, load_runs, points  # noqa: E402
+from advisor_model_vs_runs import ROOT, Point, load_runs, points
 
-from service.core.advisor.constants import CALIBRATION  # noqa: E402
+from service.core.advisor.constants import CALIBRATION
 
 OUT = ROOT / "bench" / "data" / "accuracy.md"
 MIB = 1024**2
@@ -44,11 +44,18 @@ def deepspeed_estimate(p: Point) -> float:
     offload = p.layout.offload_optimizer
     if p.layout.stage < 3:
         cpu, gpu = estimate_zero2_model_states_mem_needs(
-            shape.parameters, num_gpus_per_node=ranks, num_nodes=1, cpu_offload=offload)
+            shape.parameters, num_gpus_per_node=ranks, num_nodes=1, cpu_offload=offload
+        )
     else:
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-            shape.parameters, shape.largest_module_params, num_gpus_per_node=ranks, num_nodes=1,
-            cpu_offload=offload, cpu_offload_params=p.layout.offload_param, zero_init=False)
+            shape.parameters,
+            shape.largest_module_params,
+            num_gpus_per_node=ranks,
+            num_nodes=1,
+            cpu_offload=offload,
+            cpu_offload_params=p.layout.offload_param,
+            zero_init=False,
+        )
     return gpu + (cpu / ranks if offload else 0)
 
 
@@ -69,8 +76,11 @@ def error(predicted: float, measured: float) -> float:
 
 
 def table(measured: list[Point]) -> tuple[list[str], list[float], list[float], list[float]]:
-    lines = ["| point | measured MiB | zeropilot MiB | err | DeepSpeed MiB | err | "
-             "accelerate MiB | err |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| point | measured MiB | zeropilot MiB | err | DeepSpeed MiB | err | "
+        "accelerate MiB | err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     ours, theirs, acc = [], [], []
     for p in measured:
         peak = p.peak()
@@ -88,9 +98,11 @@ def summary(name: str, errors: list[float]) -> str:
     within = sum(abs(e) <= 10 for e in errors)
     under = [e for e in errors if e < 0]
     worst_under = f"{min(under):+.1f}%" if under else "none"
-    return (f"| {name} | {statistics.median(abs(e) for e in errors):.1f}% | "
-            f"{max(abs(e) for e in errors):.1f}% | {within}/{len(errors)} | {len(under)} | "
-            f"{worst_under} |")
+    return (
+        f"| {name} | {statistics.median(abs(e) for e in errors):.1f}% | "
+        f"{max(abs(e) for e in errors):.1f}% | {within}/{len(errors)} | {len(under)} | "
+        f"{worst_under} |"
+    )
 
 
 def main() -> None:
@@ -98,10 +110,14 @@ def main() -> None:
     parser.parse_args()
     measured = list(points(load_runs()))
     lines, ours, theirs, acc = table(measured)
-    head = ["| estimator | median abs err | max abs err | within ±10% | under-predicted | "
-            "worst under |", "|---|---:|---:|---:|---:|---:|",
-            summary("zeropilot", ours), summary("DeepSpeed model-states estimators", theirs),
-            summary("accelerate rule", acc)]
+    head = [
+        "| estimator | median abs err | max abs err | within ±10% | under-predicted | "
+        "worst under |",
+        "|---|---:|---:|---:|---:|---:|",
+        summary("zeropilot", ours),
+        summary("DeepSpeed model-states estimators", theirs),
+        summary("accelerate rule", acc),
+    ]
     text = "\n".join([*head, "", *lines]) + "\n"
     OUT.write_text(text)
     print(text)

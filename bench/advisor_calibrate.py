@@ -38,8 +38,16 @@ MODELS: dict[str, dict[str, int]] = {
     "small": {"hidden": 256, "layers": 4, "heads": 4, "vocab": 2048},
     "medium": {"hidden": 512, "layers": 6, "heads": 8, "vocab": 8192},
 }
-LAYOUTS = [(0, "none"), (1, "none"), (1, "optimizer"), (2, "none"), (2, "optimizer"),
-           (3, "none"), (3, "optimizer"), (3, "all")]
+LAYOUTS = [
+    (0, "none"),
+    (1, "none"),
+    (1, "optimizer"),
+    (2, "none"),
+    (2, "optimizer"),
+    (3, "none"),
+    (3, "optimizer"),
+    (3, "all"),
+]
 POINTS = [
     {"micro": 1, "seq": 64, "ckpt": False},
     {"micro": 4, "seq": 64, "ckpt": False},
@@ -50,22 +58,35 @@ POINTS = [
 MAX_SEQ = 128
 
 
-def job_spec(model: dict[str, int], stage: int, offload: str, precision: str,
-             ranks: int) -> JobSpec:
+def job_spec(
+    model: dict[str, int], stage: int, offload: str, precision: str, ranks: int
+) -> JobSpec:
     return JobSpec(
         name="calibrate",
         entrypoint=str(WORKER),
-        model={"hidden_size": model["hidden"], "num_layers": model["layers"],
-               "num_heads": model["heads"], "vocab_size": model["vocab"],
-               "tied_embeddings": False},
+        model={
+            "hidden_size": model["hidden"],
+            "num_layers": model["layers"],
+            "num_heads": model["heads"],
+            "vocab_size": model["vocab"],
+            "tied_embeddings": False,
+        },
         training={"sequence_length": MAX_SEQ, "global_batch_size": ranks, "precision": precision},
         resources={"nodes": 1, "gpus_per_node": ranks},
         zero={"stage": stage, "offload": offload, "activation_checkpointing": False},
     )
 
 
-def run_one(name: str, model: dict[str, int], stage: int, offload: str, precision: str,
-            ranks: int, port: int, workdir: Path) -> dict[str, Any] | None:
+def run_one(
+    name: str,
+    model: dict[str, int],
+    stage: int,
+    offload: str,
+    precision: str,
+    ranks: int,
+    port: int,
+    workdir: Path,
+) -> dict[str, Any] | None:
     profile = LOCAL_PROFILE.model_copy(update={"gpus_per_node": ranks})
     spec = job_spec(model, stage, offload, precision, ranks)
     config = advise(spec, profile).plan.ds_config
@@ -75,31 +96,68 @@ def run_one(name: str, model: dict[str, int], stage: int, offload: str, precisio
     hostfile.write_text(f"localhost slots={ranks}\n")
     out = workdir / config_path.stem
     command = [
-        "deepspeed", "--no_ssh", "--hostfile", str(hostfile), "--node_rank", "0",
-        "--master_addr", "127.0.0.1", "--master_port", str(port), str(WORKER),
-        "--hidden", str(model["hidden"]), "--layers", str(model["layers"]),
-        "--heads", str(model["heads"]), "--vocab", str(model["vocab"]),
-        "--seq-len", str(MAX_SEQ), "--points", json.dumps(POINTS), "--out", str(out),
-        "--deepspeed_config", str(config_path),
+        "deepspeed",
+        "--no_ssh",
+        "--hostfile",
+        str(hostfile),
+        "--node_rank",
+        "0",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        str(WORKER),
+        "--hidden",
+        str(model["hidden"]),
+        "--layers",
+        str(model["layers"]),
+        "--heads",
+        str(model["heads"]),
+        "--vocab",
+        str(model["vocab"]),
+        "--seq-len",
+        str(MAX_SEQ),
+        "--points",
+        json.dumps(POINTS),
+        "--out",
+        str(out),
+        "--deepspeed_config",
+        str(config_path),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     began = time.monotonic()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - began
     if done.returncode != 0:
-        print(f"  FAILED rc={done.returncode} in {seconds:.0f}s\n{done.stdout[-3000:]}"
-              f"\n{done.stderr[-3000:]}")
+        print(
+            f"  FAILED rc={done.returncode} in {seconds:.0f}s\n{done.stdout[-3000:]}"
+            f"\n{done.stderr[-3000:]}"
+        )
         return None
     records = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(ranks)]
     print(f"  ok in {seconds:.0f}s")
-    return {"model_name": name, "model": model, "stage": stage, "offload": offload,
-            "precision": precision, "world_size": ranks, "max_seq": MAX_SEQ, "ds_config": config,
-            "wall_seconds": round(seconds, 1), "ranks": records}
+    return {
+        "model_name": name,
+        "model": model,
+        "stage": stage,
+        "offload": offload,
+        "precision": precision,
+        "world_size": ranks,
+        "max_seq": MAX_SEQ,
+        "ds_config": config,
+        "wall_seconds": round(seconds, 1),
+        "ranks": records,
+    }
 
 
 def run_key(run: dict[str, Any]) -> tuple[str, int, str, str, int]:
-    return (run["model_name"], run["stage"], run["offload"], run["precision"],
-            run.get("world_size", RANKS))
+    return (
+        run["model_name"],
+        run["stage"],
+        run["offload"],
+        run["precision"],
+        run.get("world_size", RANKS),
+    )
 
 
 def has_phases(run: dict[str, Any]) -> bool:
@@ -115,8 +173,11 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=29600)
     parser.add_argument("--out", default=str(DATA))
     args = parser.parse_args()
-    layouts = LAYOUTS if args.layouts == "all" else [
-        (int(s), o) for s, o in (item.split(":") for item in args.layouts.split(","))]
+    layouts = (
+        LAYOUTS
+        if args.layouts == "all"
+        else [(int(s), o) for s, o in (item.split(":") for item in args.layouts.split(","))]
+    )
     runs: list[dict[str, Any]] = []
     out = Path(args.out)
     if out.exists():  # resume: keep finished runs measured with the current worker
@@ -132,8 +193,9 @@ def main() -> None:
                     print(f"{name} ZeRO-{stage} offload={offload} {precision}", flush=True)
                     port = args.port_base + index % 100
                     index += 1
-                    result = run_one(name, MODELS[name], stage, offload, precision, args.ranks,
-                                     port, Path(tmp))
+                    result = run_one(
+                        name, MODELS[name], stage, offload, precision, args.ranks, port, Path(tmp)
+                    )
                     if result:
                         runs.append(result)
                         save(out, runs)
@@ -143,8 +205,12 @@ def save(out: Path, runs: list[dict[str, Any]]) -> None:
     import deepspeed
     import torch
 
-    meta = {"deepspeed": deepspeed.__version__, "torch": torch.__version__,
-            "method": "see bench/calibrate_worker.py docstring", "points": POINTS}
+    meta = {
+        "deepspeed": deepspeed.__version__,
+        "torch": torch.__version__,
+        "method": "see bench/calibrate_worker.py docstring",
+        "points": POINTS,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
 

@@ -4,9 +4,11 @@ What DeepSpeed allocates per ZeRO stage (which tensors, whole or partitioned) is
 ``service/core/advisor/memory.py``; what is fitted here are the few scalars the structure leaves
 open, each from the phase of the step that shows it:
 
-- activations (end of backward): bytes per token for a transformer block (scale on the
+- the optimizer step: torch AdamW's scratch in fp32 partitions, and the 16-bit logits the loop
+  still holds (also alive at the end of backward);
+- activations (end of forward), on the points whose forward/backward peak is above what the
+  end of backward explains: bytes per token for a transformer block (a scale on the
   Korthikanti 8h + 2f split), for the logits, for embeddings, and for checkpointed inputs;
-- the optimizer step: torch AdamW's scratch in fp32 partitions, and the logits the loop keeps;
 - the process's non-tensor resident memory (RSS before a step minus live tensor bytes).
 
 Least squares on errors relative to each point's measured peak, coefficients kept >= 0.
@@ -26,11 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from advisor_model_vs_runs import ROOT, Point, load_runs, points  # noqa: E402
+from advisor_model_vs_runs import ROOT, Point, load_runs, points
 
-from service.core.advisor.constants import CALIBRATION, Activations, Calibration  # noqa: E402
-from service.core.advisor.memory import (  # noqa: E402
+from service.core.advisor.constants import CALIBRATION, Activations, Calibration
+from service.core.advisor.memory import (
     backward_phase,
+    forward_phase,
     offloaded_bytes_per_rank,
     optimizer_bytes,
     param_bytes,
@@ -40,13 +43,20 @@ from service.core.advisor.memory import (  # noqa: E402
 
 OUT = ROOT / "bench" / "data" / "cpu_fit.json"
 NO_ACTIVATIONS = Activations(0, 0, 0, 0, 0, 0, 0)
-ACTIVATION_TERMS = ["block_scale", "logits_bytes_per_vocab", "embedding_per_hidden",
-                    "checkpointed_per_hidden"]
+ACTIVATION_TERMS = [
+    "block_scale",
+    "logits_bytes_per_vocab",
+    "embedding_per_hidden",
+    "checkpointed_per_hidden",
+]
 
 
 def state_bytes(p: Point) -> int:
-    return (param_bytes(p.work, p.layout) + optimizer_bytes(p.work, p.layout)
-            + offloaded_bytes_per_rank(p.work, p.layout))
+    return (
+        param_bytes(p.work, p.layout)
+        + optimizer_bytes(p.work, p.layout)
+        + offloaded_bytes_per_rank(p.work, p.layout)
+    )
 
 
 def activation_row(p: Point) -> list[float]:
@@ -54,14 +64,24 @@ def activation_row(p: Point) -> list[float]:
     tokens = p.layout.micro_batch * p.work.sequence_length
     block = tokens * (8 * shape.hidden + 2 * shape.ffn) * w / 8  # scale 8 = Korthikanti
     if p.layout.checkpointing:
-        return [block, tokens * shape.vocab, tokens * shape.hidden * w,
-                shape.layers * tokens * shape.hidden * w]
+        return [
+            block,
+            tokens * shape.vocab,
+            tokens * shape.hidden * w,
+            shape.layers * tokens * shape.hidden * w,
+        ]
     return [shape.layers * block, tokens * shape.vocab, tokens * shape.hidden * w, 0.0]
 
 
-def backward_target(p: Point, calibration: Calibration) -> float:
-    phase = backward_phase(p.work, p.layout, calibration)
+def forward_target(p: Point, calibration: Calibration) -> float:
+    phase = forward_phase(p.work, p.layout, calibration)
     return p.phase_peak("backward") - state_bytes(p) - phase.gradients - phase.buffers
+
+
+def forward_dominated(p: Point, calibration: Calibration) -> bool:
+    """The measured forward/backward peak is clearly above the predicted end of backward."""
+    end_of_backward = state_bytes(p) + backward_phase(p.work, p.layout, calibration).transient()
+    return p.phase_peak("backward") > 1.02 * end_of_backward
 
 
 def step_row(p: Point) -> list[float]:
@@ -76,8 +96,9 @@ def step_target(p: Point, calibration: Calibration) -> float:
     return p.phase_peak("step") - state_bytes(p) - phase.gradients - phase.buffers
 
 
-def nonnegative_lstsq(rows: list[list[float]], targets: list[float],
-                      weights: list[float]) -> list[float]:
+def nonnegative_lstsq(
+    rows: list[list[float]], targets: list[float], weights: list[float]
+) -> list[float]:
     """Least squares; a coefficient that comes out negative is fixed at 0 and the rest refitted."""
     a = np.array(rows) * np.array(weights)[:, None]
     b = np.array(targets) * np.array(weights)
@@ -95,16 +116,26 @@ def main() -> None:
     measured = list(points(load_runs()))
     calibration = dataclasses.replace(CALIBRATION, activations=NO_ACTIVATIONS)
     weights = [1.0 / p.peak() for p in measured]
-    act = nonnegative_lstsq([activation_row(p) for p in measured],
-                            [backward_target(p, calibration) for p in measured], weights)
-    step = nonnegative_lstsq([step_row(p) for p in measured],
-                             [step_target(p, calibration) for p in measured], weights)
+    step = nonnegative_lstsq(
+        [step_row(p) for p in measured], [step_target(p, calibration) for p in measured], weights
+    )
+    logits_only = dataclasses.replace(NO_ACTIVATIONS, kept_logits_bytes_per_vocab=step[1])
+    with_logits = dataclasses.replace(calibration, activations=logits_only)
+    forward = [p for p in measured if forward_dominated(p, with_logits)]
+    act = nonnegative_lstsq(
+        [activation_row(p) for p in forward],
+        [forward_target(p, calibration) for p in forward],
+        [1.0 / p.peak() for p in forward],
+    )
     process = statistics.median(p.measured["rss_before"] - p.held() for p in measured)
     fitted = {
         "points": len(measured),
+        "forward_dominated_points": len(forward),
         "activations": dict(zip(ACTIVATION_TERMS, act, strict=True)),
-        "per_hidden": 8 * act[0] / 8, "per_ffn": 2 * act[0] / 8,
-        "torch_adam_partitions": step[0], "kept_logits_bytes_per_vocab": step[1],
+        "per_hidden": 8 * act[0] / 8,
+        "per_ffn": 2 * act[0] / 8,
+        "torch_adam_partitions": step[0],
+        "kept_logits_bytes_per_vocab": step[1],
         "cpu_process_bytes": int(process),
     }
     OUT.write_text(json.dumps(fitted, indent=1))

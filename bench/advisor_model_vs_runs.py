@@ -38,8 +38,10 @@ class Point:
         r, m = self.run, self.measured
         offload = {"none": "", "optimizer": "+off(opt)", "all": "+off(all)"}[r["offload"]]
         ckpt = "+ckpt" if m["ckpt"] else ""
-        return (f"{r['model_name']:6} {r['precision']} N={self.work.world_size} "
-                f"Z{r['stage']}{offload}{ckpt} mb={m['micro']} s={m['seq']}")
+        return (
+            f"{r['model_name']:6} {r['precision']} N={self.work.world_size} "
+            f"Z{r['stage']}{offload}{ckpt} mb={m['micro']} s={m['seq']}"
+        )
 
     def held(self) -> int:
         return int(self.measured["held_total"])
@@ -62,10 +64,18 @@ def load_runs(path: Path = DATA) -> list[dict[str, Any]]:
 
 def shape_of(run: dict[str, Any], parameters: int) -> ModelShape:
     m = run["model"]
-    return ModelShape(parameters=parameters, hidden=m["hidden"], layers=m["layers"],
-                      heads=m["heads"], kv_heads=m["heads"], ffn=4 * m["hidden"],
-                      vocab=m["vocab"], tied_embeddings=False, flash_attention=True,
-                      inferred=False)
+    return ModelShape(
+        parameters=parameters,
+        hidden=m["hidden"],
+        layers=m["layers"],
+        heads=m["heads"],
+        kv_heads=m["heads"],
+        ffn=4 * m["hidden"],
+        vocab=m["vocab"],
+        tied_embeddings=False,
+        flash_attention=True,
+        inferred=False,
+    )
 
 
 def points(runs: list[dict[str, Any]]) -> Iterator[Point]:
@@ -73,14 +83,24 @@ def points(runs: list[dict[str, Any]]) -> Iterator[Point]:
     for run in runs:
         record = run["ranks"][0]
         world = run.get("world_size", len(run["ranks"]))
-        work = Workload(shape=shape_of(run, record["parameters"]), sequence_length=run["max_seq"],
-                        global_batch=world, precision=run["precision"], optimizer="adamw",
-                        optimizer_impl="torch", nodes=1, gpus_per_node=world, on_cpu=True)
+        work = Workload(
+            shape=shape_of(run, record["parameters"]),
+            sequence_length=run["max_seq"],
+            global_batch=world,
+            precision=run["precision"],
+            optimizer="adamw",
+            optimizer_impl="torch",
+            nodes=1,
+            gpus_per_node=world,
+            on_cpu=True,
+        )
         stage = run["stage"]
-        knobs = knobs_from_overrides(model_sized_knobs(record["parameters"], stage),
-                                     run["ds_config"])
+        knobs = knobs_from_overrides(
+            model_sized_knobs(record["parameters"], stage), run["ds_config"]
+        )
         base = Layout(stage, run["offload"] != "none", run["offload"] == "all", False, 1, 1, knobs)
         for measured in record["points"]:
-            layout = replace(base, checkpointing=bool(measured["ckpt"]),
-                             micro_batch=measured["micro"])
+            layout = replace(
+                base, checkpointing=bool(measured["ckpt"]), micro_batch=measured["micro"]
+            )
             yield Point(run, measured, replace(work, sequence_length=measured["seq"]), layout)

@@ -90,7 +90,7 @@ def gradient_storages(model: nn.Module, optimizer: Any) -> set[tuple[int, int]]:
 
 
 def optimizer_storages(optimizer: Any) -> set[tuple[int, int]]:
-    """Optimizer states and the tensors the optimizer updates (fp32 masters under mixed precision)."""
+    """Optimizer states and the tensors it updates (fp32 masters under mixed precision)."""
     keys: set[tuple[int, int]] = set()
     for state in getattr(optimizer, "state", {}).values():
         add_storages(keys, state.values())
@@ -112,9 +112,14 @@ def held_breakdown(engine: Any, model: nn.Module) -> dict[str, int]:
         return sum(size for _, size in keys)
 
     largest_other = sorted((size for _, size in rest), reverse=True)[:8]
-    return {"held_total": total(live), "held_params": total(params), "held_grads": total(grads),
-            "held_optimizer": total(states), "held_other": total(rest),
-            "largest_other": largest_other}
+    return {
+        "held_total": total(live),
+        "held_params": total(params),
+        "held_grads": total(grads),
+        "held_optimizer": total(states),
+        "held_other": total(rest),
+        "largest_other": largest_other,
+    }
 
 
 def rss_bytes(field: str) -> int:
@@ -128,12 +133,14 @@ def reset_rss_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def train_step(engine: Any, args: argparse.Namespace, micro: int, seq: int,
-               generator: torch.Generator) -> float:
+def train_step(
+    engine: Any, args: argparse.Namespace, micro: int, seq: int, generator: torch.Generator
+) -> float:
     tokens = make_batch(micro, seq, args.vocab, generator)
     logits = engine(tokens[:, :-1])
-    loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab).float(),
-                                       tokens[:, 1:].reshape(-1))
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, args.vocab).float(), tokens[:, 1:].reshape(-1)
+    )
     engine.backward(loss)
     with record_function(STEP_MARK):
         engine.step()
@@ -152,23 +159,37 @@ def profiled_peak_delta(step: Any) -> dict[str, int]:
     running, peaks = 0, {"peak_delta": 0, "peak_delta_fwd_bwd": 0, "peak_delta_step": 0}
     for event in sorted(memory, key=lambda e: e.start_ns()):
         running += event.nbytes()
-        phase = "peak_delta_step" if boundary and event.start_ns() >= boundary else "peak_delta_fwd_bwd"
+        phase = (
+            "peak_delta_step" if boundary and event.start_ns() >= boundary else "peak_delta_fwd_bwd"
+        )
         peaks[phase] = max(peaks[phase], running)
         peaks["peak_delta"] = max(peaks["peak_delta"], running)
     return peaks
 
 
-def measure_point(engine: Any, model: TinyGPT, args: argparse.Namespace, point: dict[str, Any],
-                  generator: torch.Generator) -> dict[str, Any]:
+def measure_point(
+    engine: Any,
+    model: TinyGPT,
+    args: argparse.Namespace,
+    point: dict[str, Any],
+    generator: torch.Generator,
+) -> dict[str, Any]:
     model.checkpoint_activations = bool(point["ckpt"])
     train_step(engine, args, point["micro"], point["seq"], generator)  # settle this point's shapes
     held = held_breakdown(engine, model)
     rss_before = rss_bytes("VmRSS")
     reset_rss_peak()
     deltas = profiled_peak_delta(
-        lambda: train_step(engine, args, point["micro"], point["seq"], generator))
-    return {**point, **held, **deltas, "peak": held["held_total"] + deltas["peak_delta"],
-            "rss_before": rss_before, "rss_peak": rss_bytes("VmHWM")}
+        lambda: train_step(engine, args, point["micro"], point["seq"], generator)
+    )
+    return {
+        **point,
+        **held,
+        **deltas,
+        "peak": held["held_total"] + deltas["peak_delta"],
+        "rss_before": rss_before,
+        "rss_peak": rss_bytes("VmHWM"),
+    }
 
 
 def main() -> None:
@@ -180,17 +201,23 @@ def main() -> None:
     torch.manual_seed(0)
     args.activation_checkpointing = False
     model = TinyGPT(args)
-    engine, _, _, _ = deepspeed.initialize(args=args, model=model,
-                                           model_parameters=model.parameters())
+    engine, _, _, _ = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters()
+    )
     rank = torch.distributed.get_rank()
     generator = torch.Generator().manual_seed(1234 + rank)
     points = json.loads(args.points)
     train_step(engine, args, points[0]["micro"], points[0]["seq"], generator)  # creates states
     results = [measure_point(engine, model, args, p, generator) for p in points]
-    record = {"rank": rank, "rss_at_start": rss_start, "rss_after_init_distributed": rss_dist,
-              "parameters": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-                                for p in model.parameters()),
-              "points": results}
+    record = {
+        "rank": rank,
+        "rss_at_start": rss_start,
+        "rss_after_init_distributed": rss_dist,
+        "parameters": sum(
+            p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()
+        ),
+        "points": results,
+    }
     with open(f"{args.out}.rank{rank}.json", "w") as handle:
         json.dump(record, handle)
 

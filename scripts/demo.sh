@@ -30,7 +30,7 @@ done
 echo
 cat "$ZEROPILOT_DATA_DIR/up.log"
 if [ ! -d "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" ]; then
-  echo "note: the first DeepSpeed run on this machine compiles its CPU communication op (2-3 minutes)"
+  echo "note: the first DeepSpeed run on this machine compiles its CPU communication op (about a minute)"
 fi
 
 status=0

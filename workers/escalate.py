@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from sqlmodel import Session
 
+from service.core.advisor import Candidate
 from service.core.clusters import ClusterProfile
+from service.core.escalation import next_rung
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
@@ -22,9 +24,6 @@ def escalate(
     failure: FailureClass,
 ) -> str | None:
     """Plan the next rung and queue it; return the new attempt's id, or None when none is left."""
-    from service.core.advisor import Candidate
-    from service.core.escalation import next_rung
-
     if attempt.number >= spec.escalation.max_attempts:
         return None
     current = Candidate.model_validate(attempt.plan)
@@ -61,7 +60,6 @@ def escalate(
     return new.id
 
 
-def resume_method(previous: object, following: object) -> str:
+def resume_method(previous: Candidate, following: Candidate) -> str:
     """Native when the ZeRO partitioning is unchanged; otherwise the model weights only."""
-    same_stage = getattr(previous, "zero_stage", None) == getattr(following, "zero_stage", None)
-    return "native" if same_stage else "module-only"
+    return "native" if previous.zero_stage == following.zero_stage else "module-only"

@@ -16,11 +16,14 @@ from rich.console import Console
 from rich.table import Table
 
 from zeropilot import credentials
+from zeropilot.cli_advice import advise_command, lint_command
 from zeropilot.client import ApiError, Client, format_detail
 
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
 users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
+app.command("advise")(advise_command)
+app.command("lint")(lint_command)
 # soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

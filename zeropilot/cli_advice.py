@@ -28,6 +28,7 @@ from service.core.spec import JobSpec
 GIB = 1024**3
 console = Console()
 err = Console(stderr=True)
+TABLE_WIDTH = 140  # the candidate table needs it; narrower terminals wrap rather than truncate
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 GpuMemoryOpt = Annotated[
@@ -172,7 +173,7 @@ def _print_advice(advice: Advice, profile: ClusterProfile) -> None:
         table.add_column(column, justify="right", no_wrap=True)
     for candidate in advice.candidates:
         table.add_row(*_row(candidate, candidate == advice.plan, scale))
-    console.print(table)
+    Console(width=max(console.width, TABLE_WIDTH)).print(table)
     console.print(f"[bold]plan:[/bold] {advice.plan.label()}", highlight=False)
     console.print(advice.reason, highlight=False)
     for warning in advice.warnings:

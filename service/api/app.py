@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from service.api.routes import health, jobs, runtime, users
+from service.api.deps import get_current_user
+from service.api.routes import advice, health, jobs, runtime, users
 from service.settings import Settings, get_settings
 
 
@@ -14,7 +15,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Run DeepSpeed training jobs on shared GPU clusters.",
     )
-    app.state.settings = settings or get_settings()
+    app.state.settings = settings = settings or get_settings()
     for module in (health, jobs, runtime, users):
         app.include_router(module.router)
+    # Advice is pure computation, but still only for known users, on the configured clusters.
+    app.include_router(advice.router, dependencies=[Depends(get_current_user)])
+    app.dependency_overrides[advice.cluster_profiles] = settings.cluster_profiles
     return app

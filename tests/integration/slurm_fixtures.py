@@ -51,7 +51,7 @@ probe.connect((os.environ["MASTER_ADDR"], 9))  # the source address this rank us
 record = {
     "rank": dist.get_rank(),
     "argv": sys.argv[1:],
-    "env": {k: v for k, v in os.environ.items() if k.startswith(("EVIL_", "NCCL_", "TORCH_"))},
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("EVIL_", "NCCL_", "TORCH_NCCL"))},
     "hostname": socket.gethostname(),
     "address": probe.getsockname()[0],
 }
@@ -128,10 +128,17 @@ def slurm_profile(cluster: LocalSlurm, **changes: Any) -> ClusterProfile:
         "slurm_conf": str(cluster.conf),
         "partition": "debug",
         "master_port_range": (29700, 29799),  # the range this machine keeps for these tests
-        "nccl_env": {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1"},
+        "nccl_env": {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1", **_passed_through()},
         **changes,
     }
     return ClusterProfile.model_validate(fields)
+
+
+def _passed_through() -> dict[str, str]:
+    # sbatch gets a small environment; where the JIT-built DeepSpeed ops are cached must still
+    # reach the ranks, or each run with another cache rebuilds them (minutes on this machine).
+    name = "TORCH_EXTENSIONS_DIR"
+    return {name: os.environ[name]} if name in os.environ else {}
 
 
 def launch_request(

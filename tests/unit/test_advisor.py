@@ -170,8 +170,15 @@ def test_capacity_policy_takes_the_most_memory_saving_candidate() -> None:
 def test_breakdown_is_the_peak_and_adds_up_to_the_total() -> None:
     for c in advise(llama7b(), H100_NODE).candidates:
         b = c.per_gpu_bytes
-        parts = (b.params, b.gradients, b.optimizer, b.activations, b.buffers, b.temporaries,
-                 b.overhead)
+        parts = (
+            b.params,
+            b.gradients,
+            b.optimizer,
+            b.activations,
+            b.buffers,
+            b.temporaries,
+            b.overhead,
+        )
         assert b.total == sum(parts)
         assert min(parts) >= 0
 

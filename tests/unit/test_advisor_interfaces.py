@@ -17,18 +17,37 @@ from service.api.routes import advice
 from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
 from zeropilot.cli_advice import advise_command, lint_command
 
-H100 = ClusterProfile(name="h100", kind=BackendKind.SLURM, accelerator="nvidia-h100-80gb",
-                      gpu_memory_gib=80, gpus_per_node=8, cpu_memory_gib=2048, max_nodes=4)
+H100 = ClusterProfile(
+    name="h100",
+    kind=BackendKind.SLURM,
+    accelerator="nvidia-h100-80gb",
+    gpu_memory_gib=80,
+    gpus_per_node=8,
+    cpu_memory_gib=2048,
+    max_nodes=4,
+)
 TINY: dict[str, Any] = {
-    "name": "tiny", "entrypoint": "examples/train_tiny.py",
-    "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128,
-              "tied_embeddings": False},
+    "name": "tiny",
+    "entrypoint": "examples/train_tiny.py",
+    "model": {
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 128,
+        "tied_embeddings": False,
+    },
     "training": {"sequence_length": 32, "global_batch_size": 8},
     "resources": {"nodes": 1, "gpus_per_node": 2},
 }
 LLAMA_PARTS: dict[str, Any] = {
-    "model": {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000,
-              "ffn_size": 11008, "tied_embeddings": False},
+    "model": {
+        "hidden_size": 4096,
+        "num_layers": 32,
+        "num_heads": 32,
+        "vocab_size": 32000,
+        "ffn_size": 11008,
+        "tied_embeddings": False,
+    },
     "training": {"sequence_length": 4096, "global_batch_size": 256},
     "resources": {"cluster": "h100", "nodes": 1, "gpus_per_node": 8},
 }
@@ -38,8 +57,10 @@ LLAMA_PARTS: dict[str, Any] = {
 def api() -> TestClient:
     app = FastAPI()
     app.include_router(advice.router)
-    app.dependency_overrides[advice.cluster_profiles] = lambda: {"local": LOCAL_PROFILE,
-                                                                 "h100": H100}
+    app.dependency_overrides[advice.cluster_profiles] = lambda: {
+        "local": LOCAL_PROFILE,
+        "h100": H100,
+    }
     return TestClient(app)
 
 
@@ -74,7 +95,8 @@ def test_capacity_policy_from_query_or_body(api: TestClient) -> None:
 
     assert by_query["plan"] == by_body["plan"]
     assert by_query["plan"]["per_gpu_bytes"]["total"] == min(
-        c["per_gpu_bytes"]["total"] for c in by_query["candidates"] if c["fits"])
+        c["per_gpu_bytes"]["total"] for c in by_query["candidates"] if c["fits"]
+    )
 
 
 def test_bad_specs_get_422_naming_the_field(api: TestClient) -> None:
@@ -89,8 +111,11 @@ def test_bad_specs_get_422_naming_the_field(api: TestClient) -> None:
 
 
 def test_nothing_fits_gets_422_with_the_closest_candidate(api: TestClient) -> None:
-    huge = {**LLAMA_PARTS, "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2},
-            "training": {"sequence_length": 4096, "global_batch_size": 8}}
+    huge = {
+        **LLAMA_PARTS,
+        "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2},
+        "training": {"sequence_length": 4096, "global_batch_size": 8},
+    }
 
     response = api.post("/v1/advice", json=huge)
 
@@ -103,16 +128,21 @@ def test_nothing_fits_gets_422_with_the_closest_candidate(api: TestClient) -> No
 
 
 def test_post_lint_with_and_without_a_job(api: TestClient) -> None:
-    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-              "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}}
+    config = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 3},
+    }
 
     alone = api.post("/v1/advice/lint", json={"ds_config": config}).json()
     with_job = api.post("/v1/advice/lint", json={"ds_config": config, "job": TINY}).json()
 
     assert not alone["has_errors"]
     assert with_job["has_errors"]  # 4 x 2 x 2 ranks is 16, not 8
-    assert any(f["key"] == "train_batch_size" and f["severity"] == "error"
-               for f in with_job["findings"])
+    assert any(
+        f["key"] == "train_batch_size" and f["severity"] == "error" for f in with_job["findings"]
+    )
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
@@ -121,8 +151,9 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 
 
 def test_cli_advise_prints_a_table_with_the_plan_marked(cli: typer.Typer, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["advise", str(write(tmp_path / "job.yaml", TINY))],
-                                terminal_width=200)
+    result = CliRunner().invoke(
+        cli, ["advise", str(write(tmp_path / "job.yaml", TINY))], terminal_width=200
+    )
 
     assert result.exit_code == 0, result.output
     assert "plan: ZeRO-0 mb=4x1" in result.output
@@ -130,12 +161,14 @@ def test_cli_advise_prints_a_table_with_the_plan_marked(cli: typer.Typer, tmp_pa
 
 
 def test_cli_advise_json_and_chart(cli: typer.Typer, tmp_path: Path) -> None:
-    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
-                                           **LLAMA_PARTS})
+    spec = write(
+        tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py", **LLAMA_PARTS}
+    )
     chart = tmp_path / "chart.svg"
 
-    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "80", "--json",
-                                      "--chart", str(chart)])
+    result = CliRunner().invoke(
+        cli, ["advise", str(spec), "--gpu-memory-gib", "80", "--json", "--chart", str(chart)]
+    )
 
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
@@ -146,11 +179,24 @@ def test_cli_advise_json_and_chart(cli: typer.Typer, tmp_path: Path) -> None:
 
 
 def test_cli_advise_options_override_the_spec(cli: typer.Typer, tmp_path: Path) -> None:
-    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
-                                           **LLAMA_PARTS})
+    spec = write(
+        tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py", **LLAMA_PARTS}
+    )
 
-    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "80", "--nodes",
-                                      "2", "--gpus-per-node", "4", "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "advise",
+            str(spec),
+            "--gpu-memory-gib",
+            "80",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--json",
+        ],
+    )
 
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)["plan"]
@@ -158,8 +204,9 @@ def test_cli_advise_options_override_the_spec(cli: typer.Typer, tmp_path: Path) 
 
 
 def test_cli_advise_bad_input_exits_2(cli: typer.Typer, tmp_path: Path) -> None:
-    bad = write(tmp_path / "bad.yaml", {**TINY, "training": {"sequence_length": 0,
-                                                             "global_batch_size": 8}})
+    bad = write(
+        tmp_path / "bad.yaml", {**TINY, "training": {"sequence_length": 0, "global_batch_size": 8}}
+    )
     missing = tmp_path / "missing.yaml"
     unknown = write(tmp_path / "unknown.yaml", {"name": "x", "entrypoint": "t.py", **LLAMA_PARTS})
 
@@ -168,13 +215,16 @@ def test_cli_advise_bad_input_exits_2(cli: typer.Typer, tmp_path: Path) -> None:
     assert CliRunner().invoke(cli, ["advise", str(unknown)]).exit_code == 2
 
 
-def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(cli: typer.Typer,
-                                                             tmp_path: Path) -> None:
-    spec = write(tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py",
-                                           **LLAMA_PARTS})
+def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(
+    cli: typer.Typer, tmp_path: Path
+) -> None:
+    spec = write(
+        tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py", **LLAMA_PARTS}
+    )
 
-    result = CliRunner().invoke(cli, ["advise", str(spec), "--gpu-memory-gib", "2",
-                                      "--gpus-per-node", "1"])
+    result = CliRunner().invoke(
+        cli, ["advise", str(spec), "--gpu-memory-gib", "2", "--gpus-per-node", "1"]
+    )
 
     assert result.exit_code == 1
     assert "over by" in result.output
@@ -182,12 +232,27 @@ def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(cli: typer.Typer,
 
 def test_cli_lint_exit_codes(cli: typer.Typer, tmp_path: Path) -> None:
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-                                "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-                                "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}))
+    good.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 8,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 1,
+                "bf16": {"enabled": True},
+                "optimizer": {"type": "AdamW", "params": {"torch_adam": True}},
+            }
+        )
+    )
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 4,
-                                  "gradient_accumulation_steps": 1}))
+    broken.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 7,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 1,
+            }
+        )
+    )
     not_json = tmp_path / "bad.json"
     not_json.write_text("{nope")
     job = write(tmp_path / "job.yaml", TINY)

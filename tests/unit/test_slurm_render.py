@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -220,3 +222,29 @@ def test_reference_round_trips_and_rejects_foreign_refs(tmp_path: Path) -> None:
     assert decode_ref(encode_ref("42", tmp_path)) == ("42", tmp_path)
     with pytest.raises(PermanentError):
         decode_ref("/tmp/some/local/attempt")
+
+
+def test_node_script_passes_slurms_warning_signal_to_the_training_and_keeps_its_exit_code(
+    tmp_path: Path,
+) -> None:
+    ready, warned = tmp_path / "ready", tmp_path / "warned"
+    fake_python = tmp_path / "fake-python"  # stands in for launcher and training at once
+    fake_python.write_text(
+        f"#!{sys.executable}\nimport pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGUSR1, lambda *_: (pathlib.Path({str(warned)!r}).touch(), "
+        f"sys.exit(7)))\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n"
+    )
+    fake_python.chmod(0o755)
+    node_script = tmp_path / "node.sh"
+    node_script.write_text(render_node_script(request(tmp_path, python=str(fake_python))))
+    runtime = {"SLURM_NODEID": "0", "ZEROPILOT_HOSTFILE": "h", "ZEROPILOT_MASTER_ADDR": "a"}
+    node = subprocess.Popen(
+        ["bash", str(node_script)], env={**os.environ, **runtime, "ZEROPILOT_MASTER_PORT": "1"}
+    )
+    while not ready.exists() and node.poll() is None:
+        time.sleep(0.05)
+
+    node.send_signal(signal.SIGUSR1)  # what slurmstepd does before the time limit
+
+    assert node.wait(timeout=30) == 7
+    assert warned.exists()

@@ -92,11 +92,24 @@ def render_node_script(request: LaunchRequest) -> str:
     workdir = shlex.quote(_checked_value("working_dir", str(request.working_dir)))
     return f"""#!/bin/bash
 # Rendered by zeropilot for attempt {request.name}: this node's DeepSpeed launcher (ssh-less).
-# Slurm sends {TIME_LIMIT_SIGNAL} before the time limit to every process of the step. Launchers
-# ignore it (by default it would end them); a training process that installs a handler gets it.
-trap '' {TIME_LIMIT_SIGNAL}
 {exports}cd -- {workdir} || {{ echo "zeropilot: no working_dir on $(hostname)" >&2; exit 127; }}
-exec {_launcher_command(request)}
+# Slurm sends its time-limit warning ({TIME_LIMIT_SIGNAL}) to this task's own process only, not to
+# the training processes below it: the launcher gets a process group of its own and the signal
+# (and TERM, for sites whose process tracking would miss that group) is passed on to all of it.
+# Launchers ignore {TIME_LIMIT_SIGNAL} (by default it would end them); a training process that
+# installs a handler for it still gets it.
+set -m
+(trap '' {TIME_LIMIT_SIGNAL}; exec {_launcher_command(request)}) &
+launcher=$!
+set +m
+trap 'kill -{TIME_LIMIT_SIGNAL} -- -"$launcher" 2>/dev/null' {TIME_LIMIT_SIGNAL}
+trap 'kill -TERM -- -"$launcher" 2>/dev/null' TERM
+while :; do
+    wait "$launcher"
+    rc=$?
+    kill -0 "$launcher" 2>/dev/null || break  # wait was only interrupted by a signal
+done
+exit "$rc"
 """
 
 

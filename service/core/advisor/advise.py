@@ -12,7 +12,7 @@ from service.core.advisor.candidates import Budgets, enumerate_layouts, evaluate
 from service.core.advisor.choice import capacity_key, choose, explain
 from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.layout import Workload
-from service.core.advisor.models import GIB, Advice, Candidate, NoPlanFits, Policy
+from service.core.advisor.models import Advice, Candidate, NoPlanFits, Policy, format_bytes
 from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec, Offload
@@ -75,9 +75,9 @@ def _advice_for_pins_that_do_not_fit(
     better = choose(alternatives, policy)
     warnings.append(
         f"the pinned settings ({pinned_summary(spec)}) do not fit: the closest, {closest.label()}, "
-        f"needs {closest.per_gpu_bytes.total / GIB:.2f} GiB per GPU of "
-        f"{budgets.per_gpu / GIB:.2f} GiB usable; unpinned, the advisor would choose "
-        f"{better.label()} ({better.per_gpu_bytes.total / GIB:.2f} GiB)"
+        f"needs {format_bytes(closest.per_gpu_bytes.total)} per GPU of "
+        f"{format_bytes(budgets.per_gpu)} usable; unpinned, the advisor would choose "
+        f"{better.label()} ({format_bytes(better.per_gpu_bytes.total)})"
     )
     reason = (
         f"The pinned settings are honoured although no pinned configuration is predicted to fit; "

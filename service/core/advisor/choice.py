@@ -8,7 +8,7 @@ the candidate that needs the least memory per GPU.
 
 from __future__ import annotations
 
-from service.core.advisor.models import GIB, Candidate, Policy
+from service.core.advisor.models import Candidate, Policy, format_bytes
 
 
 def offload_level(candidate: Candidate) -> int:
@@ -37,7 +37,7 @@ def choose(fitting: list[Candidate], policy: Policy) -> Candidate:
 
 def explain(plan: Candidate, candidates: list[Candidate], policy: Policy, budget: int) -> str:
     """One or two sentences: why this plan."""
-    need = f"{plan.per_gpu_bytes.total / GIB:.2f} of {budget / GIB:.2f} GiB usable per GPU"
+    need = f"{format_bytes(plan.per_gpu_bytes.total)} of {format_bytes(budget)} usable per GPU"
     if policy == "capacity":
         return (
             f"The capacity policy takes the most memory-saving configuration: {plan.label()} "
@@ -47,7 +47,7 @@ def explain(plan: Candidate, candidates: list[Candidate], policy: Policy, budget
     first = f"ZeRO-{plan.zero_stage} is the lowest stage that fits ({need})"
     if lower:
         smallest = min(c.per_gpu_bytes.total for c in lower)
-        first += f"; lower stages need at least {smallest / GIB:.2f} GiB"
+        first += f"; lower stages need at least {format_bytes(smallest)}"
     extras = _extras(plan)
     micro = plan.micro_batch_size
     return f"{first}. It uses {extras}, and micro-batch {micro} is the largest that fits."

@@ -21,7 +21,7 @@ from service.core.advisor.layout import (
     Layout,
     Workload,
 )
-from service.core.advisor.lint_rules import offload_device, stage_of
+from service.core.advisor.lint_config import offload_device, stage_of
 from service.core.advisor.memory import predict_memory
 from service.core.advisor.models import GIB
 from service.core.advisor.render import knobs_from_overrides

@@ -1,11 +1,12 @@
 """The memory model: per-GPU bytes of one layout at its peak, by what holds them.
 
-A training step has two peaks, and the measured runs (docs/advisor.md) put the step's peak in
-either: the end of the backward pass (activations, gradients being reduced, communication
-buckets, gathered ZeRO-3 parameters) or the optimizer step (fp32 gradient partitions and the
-update's scratch tensors). Both are computed on top of what every step holds (16-bit
-parameters, fp32 master weights and optimizer states, ZeRO-3's gradient partition and bucket),
-and the larger one is reported, so that ``total`` is the sum of the fields. What each ZeRO
+A training step has three candidate peaks, and the measured runs (docs/advisor.md) put the
+step's peak in each: the end of forward (every activation kept for backward), the end of
+backward (gradients being reduced, communication buckets, gathered ZeRO-3 parameters) and the
+optimizer step (fp32 gradient partitions and the update's scratch tensors). All three are
+computed on top of what every step holds (16-bit parameters, fp32 master weights and optimizer
+states, ZeRO-3's gradient partition and bucket) and the largest is reported, so that ``total``
+is the sum of the fields. What each ZeRO
 stage allocates follows DeepSpeed 0.19.8 as measured on the CPU; the sizes are per rank.
 """
 
@@ -40,7 +41,7 @@ class Phase:
 class Prediction:
     per_gpu: PerGpuBytes
     cpu_bytes_per_node: int
-    phase: str  # "backward" or "step": where the peak is
+    phase: str  # "forward", "backward" or "step": where the peak is
 
 
 def predict_memory(
@@ -50,9 +51,13 @@ def predict_memory(
     host = offloaded_bytes_per_rank(work, layout)
     params = param_bytes(work, layout)
     optimizer = optimizer_bytes(work, layout) + (host if work.on_cpu else 0)
-    backward = backward_phase(work, layout, calibration)
-    step = step_phase(work, layout, calibration)
-    phase, peak = ("step", step) if step.transient() > backward.transient() else ("backward", backward)
+    phases = {
+        "forward": forward_phase(work, layout, calibration),
+        "backward": backward_phase(work, layout, calibration),
+        "step": step_phase(work, layout, calibration),
+    }
+    phase = max(phases, key=lambda name: phases[name].transient())
+    peak = phases[phase]
     dynamic = params + optimizer + peak.transient()
     overhead = overhead_bytes(work, dynamic, calibration)
     per_gpu = PerGpuBytes.model_construct(
@@ -91,8 +96,10 @@ def param_bytes(work: Workload, layout: Layout) -> int:
     return weight * (sharded + persistent_params(work, layout))
 
 
-def _state_bytes_per_param(work: Workload) -> int:
-    master = 0 if work.precision == "fp32" else FP32
+def _state_bytes_per_param(work: Workload, stage: int) -> int:
+    """fp32 master weights plus optimizer states; ZeRO keeps its own fp32 partition even in fp32
+    training (measured), ZeRO-0 in fp32 updates the parameters themselves."""
+    master = 0 if work.precision == "fp32" and stage == 0 else FP32
     states = SGD_STATES if work.optimizer == "sgd" else ADAM_STATES
     return master + states
 
@@ -101,7 +108,7 @@ def optimizer_bytes(work: Workload, layout: Layout) -> int:
     """fp32 master weights (mixed precision) and optimizer states kept on the device."""
     if layout.offload_optimizer:
         return 0
-    per_param = _state_bytes_per_param(work)
+    per_param = _state_bytes_per_param(work, layout.stage)
     if layout.stage == 0:
         return per_param * work.shape.parameters
     return per_param * partition(work.shape.parameters, work)
@@ -124,8 +131,19 @@ def fp32_gradient_bytes(work: Workload, layout: Layout, in_step: bool = False) -
     return FP32 * partition(work.shape.parameters, work)
 
 
+def forward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
+    """Start of backward: every activation kept for backward, next to the reduction buckets
+    (allocated as backward begins) and ZeRO-3's gathered parameters."""
+    return Phase(
+        gradients=held_gradients(work, layout),
+        buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
+        activations=activation_bytes(work, layout, calibration),
+        temporaries=0,
+    )
+
+
 def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
-    """End of backward: activations, gradients produced and reduced, buckets in flight."""
+    """End of backward: gradients produced and reduced, buckets in flight, the last logits."""
     if layout.stage == 0:
         gradients = work.weight_bytes * work.shape.parameters
     else:
@@ -133,7 +151,7 @@ def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> 
     return Phase(
         gradients=gradients,
         buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
-        activations=activation_bytes(work, layout, calibration),
+        activations=kept_logits_bytes(work, layout, calibration),
         temporaries=0,
     )
 
@@ -214,7 +232,9 @@ def step_temporary_bytes(work: Workload, layout: Layout, calibration: Calibratio
         return 0
     constants = calibration.step
     # ZeRO-0 steps tensor by tensor; ZeRO-1/2/3 step one flat fp32 partition
-    numel = work.shape.largest_tensor if layout.stage == 0 else partition(work.shape.parameters, work)
+    numel = (
+        work.shape.largest_tensor if layout.stage == 0 else partition(work.shape.parameters, work)
+    )
     if work.optimizer_impl == "torch":
         scratch = constants.torch_adam_partitions
     else:
@@ -234,10 +254,11 @@ def offloaded_bytes_per_rank(work: Workload, layout: Layout) -> int:
     if not layout.offload_optimizer:
         return 0
     numel = partition(work.shape.parameters, work)
-    per_param = _state_bytes_per_param(work) + FP32  # plus the fp32 gradient partition
+    per_param = _state_bytes_per_param(work, layout.stage) + FP32  # and the fp32 gradients
     host = _pinned(per_param * numel, work, layout)
-    if layout.stage < 3:  # a 16-bit staging partition for the copy back (measured)
-        host += _pinned(work.weight_bytes * numel, work, layout)
+    if layout.stage < 3:  # 16-bit staging: a partition and two tensor-sized buffers (measured)
+        staging = work.weight_bytes * (numel + 2 * work.shape.largest_tensor)
+        host += _pinned(staging, work, layout)
     if layout.offload_param:
         host += _pinned(work.weight_bytes * numel, work, layout)
     return host

@@ -13,6 +13,15 @@ from pydantic import BaseModel, ConfigDict
 GIB = 1024**3
 
 OffloadDevice = Literal["none", "cpu"]
+
+
+def format_bytes(nbytes: int) -> str:
+    """GiB for real models, MiB below a GiB (the tiny example), two decimals."""
+    if abs(nbytes) >= GIB:
+        return f"{nbytes / GIB:.2f} GiB"
+    return f"{nbytes / 1024**2:.2f} MiB"
+
+
 Policy = Literal["throughput", "capacity"]
 
 
@@ -87,7 +96,7 @@ class NoPlanFits(Exception):
         self.budget_bytes = budget_bytes
         needs = closest.per_gpu_bytes.total if where == "per-GPU" else closest.cpu_bytes_per_node
         super().__init__(
-            f"no configuration fits the {where} budget of {budget_bytes / GIB:.2f} GiB; the "
-            f"closest, {closest.label()}, needs {needs / GIB:.2f} GiB, "
-            f"over by {over_by_bytes / GIB:.2f} GiB ({over_by_bytes} bytes)"
+            f"no configuration fits the {where} budget of {format_bytes(budget_bytes)}; the "
+            f"closest, {closest.label()}, needs {format_bytes(needs)}, "
+            f"over by {format_bytes(over_by_bytes)} ({over_by_bytes} bytes)"
         )
