@@ -64,6 +64,22 @@ def make_batch(batch: int, seq_len: int, vocab: int, generator: torch.Generator)
     return (start * 5 + steps * 3) % vocab  # learnable: each token fixes the next
 
 
+def load_resume_point(engine: deepspeed.DeepSpeedEngine, path: str) -> int:
+    """Load the checkpoint zeropilot chose; module weights only when ZeRO partitioning changed."""
+    folder, tag = os.path.split(path.rstrip("/"))
+    module_only = os.environ.get("ZEROPILOT_RESUME_METHOD") == "module-only"
+    _, client_state = engine.load_checkpoint(
+        folder,
+        tag=tag,
+        load_module_only=module_only,
+        load_optimizer_states=not module_only,
+        load_lr_scheduler_states=not module_only,
+    )
+    step = int((client_state or {}).get("step", 0))
+    print(f"resumed from {path} at step {step} ({'module only' if module_only else 'full'})")
+    return step
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
@@ -82,6 +98,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--fail-at-step", type=int, default=0, help="exit 3 at this step (tests)")
     parser.add_argument("--oom-at-step", type=int, default=0, help="raise an OOM here (tests)")
+    parser.add_argument(
+        "--oom-without-checkpointing-at-step",
+        type=int,
+        default=0,
+        help="raise the allocator's OOM at this step unless activation checkpointing is on: "
+        "a stand-in, on machines without GPUs, for a model whose activations do not fit",
+    )
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -98,8 +121,7 @@ def main() -> None:
     save_dir = checkpoint_dir()
     start_step = 0
     if resume := resume_from():
-        _, client_state = engine.load_checkpoint(resume)
-        start_step = int((client_state or {}).get("step", 0))
+        start_step = load_resume_point(engine, resume)
     rank = torch.distributed.get_rank()
     generator = torch.Generator().manual_seed(1234 + rank)
     micro = engine.train_micro_batch_size_per_gpu()
@@ -109,7 +131,10 @@ def main() -> None:
             began = time.perf_counter()
             loss_sum = 0.0
             for _ in range(accumulation):
-                if step == args.oom_at_step:
+                if step == args.oom_at_step or (
+                    step == args.oom_without_checkpointing_at_step
+                    and not args.activation_checkpointing
+                ):
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
                 tokens = make_batch(micro, args.seq_len, args.vocab, generator).to(engine.device)
                 logits = engine(tokens[:, :-1])

@@ -50,9 +50,10 @@ install_packages() {
 }
 
 start_munge() {
-    pgrep -x munged >/dev/null && return
+    munge -n >/dev/null 2>&1 && return  # a daemon that answers, not just a process name
     [[ -s /etc/munge/munge.key ]] || mungekey --create --force >&2
-    mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+    mkdir -p /run/munge
+    chown munge:munge /run/munge 2>/dev/null || true
     munged --force >&2 || die "munged did not start"
     touch "$DIR/munged.ours"  # stop only what we started
 }
@@ -103,9 +104,11 @@ create_network() {
     for i in $(seq 1 "$NODES"); do
         ns=zp-node$i
         [[ -e /run/netns/$ns ]] || ip netns add "$ns"
-        if ! ip link show "zpveth$i" >/dev/null 2>&1; then
+        # A pair left by a namespace that a stray process kept alive would lead nowhere.
+        ip -n "$ns" link show eth0 >/dev/null 2>&1 || {
+            ip link del "zpveth$i" 2>/dev/null || true
             ip link add "zpveth$i" type veth peer name eth0 netns "$ns"
-        fi
+        }
         ip link set "zpveth$i" master "$BRIDGE" up
         ip -n "$ns" addr replace "$(node_addr "$i")/24" dev eth0
         ip -n "$ns" link set lo up
@@ -114,26 +117,22 @@ create_network() {
 }
 
 start_slurmd() { # in the root namespace, or in node $1's own network, mount and UTS namespaces
-    local name=$1 i=$2
+    local name=$1
     if ((NODES == 1)); then
         slurmd -f "$CONF" -N "$name" >&2
         return
     fi
     # nsenter, not `ip netns exec`: the latter remounts /sys and so hides the cgroup hierarchy.
+    # shellcheck disable=SC2016  # $1.. are expanded by the inner sh
     nsenter --net="/run/netns/$name" unshare --mount --uts --propagation private \
         sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -f "$3" -N "$2"' \
         zp-node "$DIR/hosts" "$name" "$CONF" >&2
-    : "$i"
 }
 
 start_daemons() {
-    local i=0 name
-    pkill_ours
+    local name
     slurmctld -f "$CONF" -c >&2 || die "slurmctld did not start; see $DIR/log/slurmctld.log"
-    for name in $(node_names); do
-        i=$((i + 1))
-        start_slurmd "$name" "$i"
-    done
+    for name in $(node_names); do start_slurmd "$name"; done
 }
 
 pkill_ours() { # stop the daemons this folder's pid files name, and only those
@@ -142,9 +141,14 @@ pkill_ours() { # stop the daemons this folder's pid files name, and only those
         [[ -e $pidfile ]] || continue
         pid=$(cat "$pidfile")
         kill "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+        alive "$pid" && kill -KILL "$pid" 2>/dev/null  # slurmd can hang on a gone controller
         rm -f "$pidfile"
     done
+}
+
+alive() { # running, and not a zombie waiting to be reaped
+    [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
 }
 
 wait_until_idle() {
@@ -159,7 +163,7 @@ wait_until_idle() {
 }
 
 running_nodes() { # how many nodes the running cluster of this folder has, or 0
-    [[ -s $DIR/run/slurmctld.pid ]] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null \
+    [[ -s $DIR/run/slurmctld.pid ]] && alive "$(cat "$DIR/run/slurmctld.pid")" \
         && cat "$DIR/nodes" 2>/dev/null || echo 0
 }
 
@@ -178,8 +182,18 @@ cmd_start() {
     echo "export SLURM_CONF=$CONF"
 }
 
+cancel_jobs() { # slurmd leaves running jobs' processes alive when it stops: end them first
+    [[ $(running_nodes) == 0 ]] && return
+    SLURM_CONF=$CONF scancel --partition=debug 2>/dev/null || true
+    for _ in $(seq 60); do
+        [[ -z $(SLURM_CONF=$CONF squeue -h -o %i 2>/dev/null) ]] && return
+        sleep 0.5
+    done
+}
+
 cmd_stop_daemons() {
     local i ns
+    cancel_jobs
     pkill_ours
     for i in $(seq 1 99); do
         ns=zp-node$i
@@ -209,13 +223,18 @@ cmd_status() {
     SLURM_CONF=$CONF sinfo -N
 }
 
+with_lock() { # one start or stop at a time: two test sessions may share this folder
+    exec 9>"$DIR/.lock"
+    flock 9
+    "$@"
+}
+
 main() {
     local command=${1:-}
     (($#)) && shift
     parse_args "$@"
     case $command in
-        start) cmd_start ;;
-        stop) cmd_stop ;;
+        start | stop) with_lock "cmd_$command" ;;
         status) cmd_status ;;
         *) usage ;;
     esac
