@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 
 import deepspeed
@@ -62,6 +63,13 @@ def make_batch(batch: int, seq_len: int, vocab: int, generator: torch.Generator)
     start = torch.randint(0, vocab, (batch, 1), generator=generator)
     steps = torch.arange(seq_len + 1).unsqueeze(0)
     return (start * 5 + steps * 3) % vocab  # learnable: each token fixes the next
+
+
+def memory_peak_bytes(device: torch.device) -> int:
+    """The allocator's peak on a GPU; the process's peak resident size on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def load_resume_point(engine: deepspeed.DeepSpeedEngine, path: str) -> int:
@@ -151,7 +159,12 @@ def main() -> None:
             if rank == 0 and step % args.log_interval == 0:
                 mean_loss = loss_sum / accumulation
                 print(f"step {step} loss {mean_loss:.4f} tokens/s {tokens_per_s:.0f}", flush=True)
-                reporter.metrics(step, loss=mean_loss, tokens_per_s=tokens_per_s)
+                reporter.metrics(
+                    step,
+                    loss=mean_loss,
+                    tokens_per_s=tokens_per_s,
+                    memory_peak_bytes=memory_peak_bytes(engine.device),
+                )
             if step % args.checkpoint_interval == 0 or step == args.steps:
                 engine.save_checkpoint(
                     save_dir, tag=f"global_step{step}", client_state={"step": step}

@@ -41,6 +41,8 @@ def reconcile(settings: Settings) -> None:
             reconcile_attempt(settings, attempt_id)
         except TemporaryError as exc:
             log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
+        except Exception:  # one broken attempt or cluster must not stop the others' reconcile
+            log.exception("reconcile of attempt %s failed", attempt_id)
 
 
 def reconcile_attempt(settings: Settings, attempt_id: str) -> None:

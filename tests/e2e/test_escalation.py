@@ -41,8 +41,17 @@ def test_oom_climbs_the_ladder_and_resumes_from_the_checkpoint(stack: Stack, api
     assert resumed_steps == [4, 5, 6, 7, 8]  # continued after step 3, not from scratch
 
     job_moves = [e["to_status"] for e in done["events"] if e["subject"] == "job"]
-    assert job_moves == ["PENDING", "QUEUED", "LAUNCHING", "RUNNING", "ESCALATING", "QUEUED",
-                         "LAUNCHING", "RUNNING", "SUCCEEDED"]
+    assert job_moves == [
+        "PENDING",
+        "QUEUED",
+        "LAUNCHING",
+        "RUNNING",
+        "ESCALATING",
+        "QUEUED",
+        "LAUNCHING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
     escalation = next(e for e in done["events"] if e["to_status"] == "ESCALATING")
     assert escalation["reason"] == "OOM_GPU: turn on activation checkpointing"
 
