@@ -7,8 +7,8 @@ and ``False`` comes back: another worker or a user got there first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from sqlalchemy import update
 from sqlmodel import Session, col
@@ -21,6 +21,8 @@ from service.core.states import (
 )
 from service.db.models import Attempt, Job, JobEvent, utcnow
 
+Status = TypeVar("Status", JobStatus, AttemptStatus)
+
 
 def move_job(
     session: Session,
@@ -31,33 +33,14 @@ def move_job(
     **fields: Any,
 ) -> bool:
     """Move ``job`` to ``new`` if it is still in one of ``expected``; refreshes ``job``."""
-    olds = _as_list(expected)
-    for old in olds:
-        check_job_transition(old, new)
-    now = utcnow()
-    if new.terminal:
-        fields.setdefault("finished_at", now)
-    for old in olds:
-        result = session.execute(
-            update(Job)
-            .where(col(Job.id) == job.id, col(Job.status) == old)
-            .values(status=new, updated_at=now, **fields)
-        )
-        if result.rowcount == 1:  # type: ignore[attr-defined]
-            session.add(
-                JobEvent(
-                    job_id=job.id,
-                    subject="job",
-                    attempt_number=job.current_attempt or None,
-                    from_status=old,
-                    to_status=new,
-                    reason=reason,
-                )
-            )
-            session.refresh(job)
-            return True
-    session.refresh(job)
-    return False
+    event = JobEvent(
+        job_id=job.id,
+        subject="job",
+        attempt_number=job.current_attempt or None,
+        to_status=new,
+        reason=reason,
+    )
+    return _compare_and_set(session, job, expected, new, check_job_transition, event, fields)
 
 
 def move_attempt(
@@ -69,35 +52,18 @@ def move_attempt(
     **fields: Any,
 ) -> bool:
     """Move ``attempt`` to ``new`` if it is still in one of ``expected``; refreshes it."""
-    olds = _as_list(expected)
-    for old in olds:
-        check_attempt_transition(old, new)
-    now = utcnow()
-    if new.terminal:
-        fields.setdefault("finished_at", now)
     if new == AttemptStatus.RUNNING:
-        fields.setdefault("started_at", now)
-    for old in olds:
-        result = session.execute(
-            update(Attempt)
-            .where(col(Attempt.id) == attempt.id, col(Attempt.status) == old)
-            .values(status=new, updated_at=now, **fields)
-        )
-        if result.rowcount == 1:  # type: ignore[attr-defined]
-            session.add(
-                JobEvent(
-                    job_id=attempt.job_id,
-                    subject="attempt",
-                    attempt_number=attempt.number,
-                    from_status=old,
-                    to_status=new,
-                    reason=reason,
-                )
-            )
-            session.refresh(attempt)
-            return True
-    session.refresh(attempt)
-    return False
+        fields.setdefault("started_at", utcnow())
+    event = JobEvent(
+        job_id=attempt.job_id,
+        subject="attempt",
+        attempt_number=attempt.number,
+        to_status=new,
+        reason=reason,
+    )
+    return _compare_and_set(
+        session, attempt, expected, new, check_attempt_transition, event, fields
+    )
 
 
 def record_created(session: Session, job: Job, reason: str) -> None:
@@ -105,7 +71,32 @@ def record_created(session: Session, job: Job, reason: str) -> None:
     session.add(JobEvent(job_id=job.id, subject="job", to_status=job.status, reason=reason))
 
 
-def _as_list(expected: Any) -> list[Any]:
-    if isinstance(expected, str):  # both status enums are StrEnums
-        return [expected]
-    return sorted(set(expected))
+def _compare_and_set(
+    session: Session,
+    row: Job | Attempt,
+    expected: Status | Iterable[Status],
+    new: Status,
+    check: Callable[[Status, Status], None],
+    event: JobEvent,
+    fields: dict[str, Any],
+) -> bool:
+    olds = [expected] if isinstance(expected, str) else sorted(set(expected))
+    for old in olds:
+        check(old, new)
+    now = utcnow()
+    if new.terminal:
+        fields.setdefault("finished_at", now)
+    table = type(row)
+    for old in olds:  # one statement per old status, so the event records the true origin
+        result = session.execute(
+            update(table)
+            .where(col(table.id) == row.id, col(table.status) == old)
+            .values(status=new, updated_at=now, **fields)
+        )
+        if result.rowcount == 1:  # type: ignore[attr-defined]
+            event.from_status = old
+            session.add(event)
+            session.refresh(row)
+            return True
+    session.refresh(row)
+    return False
