@@ -17,20 +17,20 @@ GIB = 1024**3
 class Activations:
     """Elements kept for backward, per token and transformer block."""
 
-    per_hidden: float = 8.15  # CPU-measured (bench/advisor_fit.py); literature 8
-    per_ffn: float = 2.04  # CPU-measured, at the 8h:2f ratio of Korthikanti et al.
+    per_hidden: float = 8.08  # CPU-measured (bench/advisor_fit.py); literature 8
+    per_ffn: float = 2.02  # CPU-measured, at the 8h:2f ratio of Korthikanti et al.
     eager_scores_per_head_token: float = 2.0  # literature: scores and softmax, s x s per head
     checkpointed_per_hidden: float = 1.0  # literature: the block input (fit: 0.00)
-    logits_bytes_per_vocab: float = 6.43  # CPU-measured; literature 10
-    embedding_per_hidden: float = 7.34  # CPU-measured
-    kept_logits_bytes_per_vocab: float = 2.84  # CPU-measured: the loop's last logits
+    logits_bytes_per_vocab: float = 5.17  # CPU-measured; literature 10
+    embedding_per_hidden: float = 9.56  # CPU-measured
+    kept_logits_bytes_per_vocab: float = 2.32  # CPU-measured: the loop's last logits
 
 
 @dataclass(frozen=True)
 class Step:
     """Optimizer-step temporaries, as multiples of the fp32 partition (4 bytes per element)."""
 
-    torch_adam_partitions: float = 2.01  # CPU-measured: torch AdamW, whole-tensor scratch
+    torch_adam_partitions: float = 2.09  # CPU-measured: torch AdamW, whole-tensor scratch
     fused_adam_partitions: float = 0.0  # literature: FusedAdam works in place, chunk by chunk
 
 
@@ -39,9 +39,9 @@ class Overhead:
     """What the device holds beyond tensors: runtime context and allocator slack."""
 
     gpu_context_bytes: int = 600 * MIB  # literature: CUDA context + cuBLAS/NCCL workspaces
-    cpu_process_bytes: int = 575071992  # CPU-measured: a rank's RSS beyond its tensors
+    cpu_process_bytes: int = 528989939  # CPU-measured: a rank's RSS beyond its tensors
     gpu_fragmentation: float = 0.08  # literature: caching-allocator slack on transient tensors
-    cpu_fragmentation: float = 0.0  # CPU-measured later
+    cpu_fragmentation: float = 0.0  # CPU: the CPU allocator keeps no cache (peak = tensors)
 
 
 @dataclass(frozen=True)

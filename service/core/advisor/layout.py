@@ -8,6 +8,7 @@ hardware). Both are plain frozen dataclasses so that evaluating hundreds of them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from service.core.advisor.shape import ModelShape
 
@@ -59,15 +60,15 @@ class Workload:
     gpus_per_node: int
     on_cpu: bool  # ranks are CPU processes: "device" and host memory are the same RAM
 
-    @property
+    @cached_property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    @property
+    @cached_property
     def per_rank_batch(self) -> int:
         return self.global_batch // self.world_size
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 

@@ -121,10 +121,19 @@ def held_gradients(work: Workload, layout: Layout) -> int:
     return 0
 
 
-def fp32_gradient_bytes(work: Workload, layout: Layout, in_step: bool = False) -> int:
-    """The fp32 gradients: whole at ZeRO-0, this rank's partition above. Under offload the
-    update reads them on the host, but backward still forms them on the device (measured)."""
-    if layout.offload_optimizer and in_step:
+def unreduced_gradient_bytes(work: Workload, layout: Layout) -> int:
+    """16-bit gradients alive before reduction: all of them at ZeRO-0, at most a bucket's worth
+    above (measured: whole at 2 and 4 ranks while the model fits one bucket)."""
+    total = work.shape.parameters
+    if layout.stage == 0:
+        return work.weight_bytes * total
+    return work.weight_bytes * min(total, layout.knobs.reduce_bucket_size)
+
+
+def fp32_gradient_bytes(work: Workload, layout: Layout) -> int:
+    """The fp32 gradients the update reads: whole at ZeRO-0, this rank's partition above (kept
+    on the host under offload, counted there)."""
+    if layout.offload_optimizer:
         return 0
     if layout.stage == 0:
         return FP32 * work.shape.parameters if work.precision != "fp32" else 0
@@ -133,7 +142,8 @@ def fp32_gradient_bytes(work: Workload, layout: Layout, in_step: bool = False) -
 
 def forward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
     """Start of backward: every activation kept for backward, next to the reduction buckets
-    (allocated as backward begins) and ZeRO-3's gathered parameters."""
+    (allocated as backward begins; ZeRO-0's all-reduce buffer too, as measured) and ZeRO-3's
+    gathered parameters."""
     return Phase(
         gradients=held_gradients(work, layout),
         buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
@@ -144,12 +154,8 @@ def forward_phase(work: Workload, layout: Layout, calibration: Calibration) -> P
 
 def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
     """End of backward: gradients produced and reduced, buckets in flight, the last logits."""
-    if layout.stage == 0:
-        gradients = work.weight_bytes * work.shape.parameters
-    else:
-        gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout)
     return Phase(
-        gradients=gradients,
+        gradients=held_gradients(work, layout) + unreduced_gradient_bytes(work, layout),
         buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
         activations=kept_logits_bytes(work, layout, calibration),
         temporaries=0,
@@ -158,7 +164,7 @@ def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> 
 
 def step_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
     """The optimizer step: fp32 gradients, the update's scratch, the loop's last logits."""
-    gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout, in_step=True)
+    gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout)
     if layout.stage == 0:
         gradients += work.weight_bytes * work.shape.parameters
     return Phase(
