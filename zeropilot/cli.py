@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import httpx
 import typer
-import yaml
-from rich.console import Console
 from rich.table import Table
 
 from zeropilot import credentials
 from zeropilot.cli_advice import advise_command, lint_command
+from zeropilot.cli_common import JsonOpt, console, fail, print_json, read_mapping
 from zeropilot.client import ApiError, Client, format_detail
 
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
@@ -24,18 +22,9 @@ users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_
 app.add_typer(users_app, name="users")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
-# soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 HEARTBEAT_S = 20.0
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _client() -> Client:
@@ -49,26 +38,15 @@ def _api(call: Any, *args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
     except ApiError as exc:
         code = 2 if exc.status_code == 422 else 1
-        _fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
+        fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
     except httpx.TransportError as exc:
         url = credentials.resolve()[0]
-        _fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")
-
-
-def _print_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")
 
 
 def load_spec(path: Path) -> dict[str, Any]:
     """Read a YAML/JSON job spec; relative paths in it are relative to the file's folder."""
-    try:
-        spec = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror}", 2)
-    except yaml.YAMLError as exc:
-        _fail(f"{path} is not valid YAML/JSON: {exc}", 2)
-    if not isinstance(spec, dict):
-        _fail(f"{path} must hold a mapping (a job spec), not {type(spec).__name__}", 2)
+    spec = read_mapping(path, "a job spec")
     base = path.resolve().parent
     working_dir = Path(str(spec.get("working_dir") or "."))
     spec["working_dir"] = str(working_dir if working_dir.is_absolute() else base / working_dir)
@@ -93,7 +71,7 @@ def submit(
     if wait:
         job = _follow(client, job["id"], quiet=as_json)
     if as_json:
-        _print_json(job)
+        print_json(job)
     if wait and job["status"] != "SUCCEEDED":
         raise typer.Exit(1)
 
@@ -166,7 +144,7 @@ def list_jobs(
     """Your team's jobs, newest first."""
     page = _api(_client().list_jobs, status.upper() if status else None, limit)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
     table = Table("ID", "NAME", "STATUS", "ATTEMPT", "CLUSTER", "CREATED", box=None)
     for job in page["data"]:
@@ -187,7 +165,7 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
     """One job: its plan, attempts, recent events, last metrics and checkpoints."""
     job = _api(_client().get_job, job_id)
     if as_json:
-        _print_json(job)
+        print_json(job)
         return
     console.print(f"job [bold]{job['id']}[/bold] {job['name']} ({job['team']}): {job['status']}")
     if job["failure_class"]:
@@ -241,7 +219,7 @@ def cancel(job_id: str, as_json: JsonOpt = False) -> None:
     """Cancel a job; its processes on the cluster are stopped."""
     job = _api(_client().cancel, job_id)
     if as_json:
-        _print_json(job)
+        print_json(job)
     else:
         console.print(f"job {job['id']} {job['status']}")
 
@@ -251,7 +229,7 @@ def metrics(job_id: str, as_json: JsonOpt = False) -> None:
     """Every metric point a job's training reported."""
     points = _api(_client().metrics, job_id)
     if as_json:
-        _print_json(points)
+        print_json(points)
         return
     table = Table("STEP", "LOSS", "TOKENS/S", "ATTEMPT", box=None)
     for p in points:
@@ -271,7 +249,7 @@ def create_user(
     """Create a user; its token is printed once."""
     user = _api(_client().create_user, name, team, admin)
     if as_json:
-        _print_json(user)
+        print_json(user)
     else:
         console.print(f"user {user['name']} in team {user['team']}; token (shown once):")
         console.print(user["token"], highlight=False)

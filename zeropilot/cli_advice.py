@@ -7,12 +7,10 @@ without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -24,34 +22,14 @@ from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
 from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
 from service.core.spec import JobSpec
+from zeropilot.cli_common import JsonOpt, console, err, fail, print_json, read_mapping
 
 GIB = 1024**3
-console = Console()
-err = Console(stderr=True)
 TABLE_WIDTH = 140  # the candidate table needs it; narrower terminals wrap rather than truncate
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 GpuMemoryOpt = Annotated[
     float | None, typer.Option("--gpu-memory-gib", help="Memory per GPU (per rank on CPU).")
 ]
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
-def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML/JSON file holding a mapping, or exit 2 naming what is wrong with it."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror}", 2)
-    except yaml.YAMLError as exc:
-        _fail(f"{path} is not valid YAML/JSON: {exc}", 2)
-    if not isinstance(data, dict):
-        _fail(f"{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
-    return data
 
 
 def load_job(path: Path, nodes: int | None = None, gpus_per_node: int | None = None) -> JobSpec:
@@ -64,7 +42,7 @@ def load_job(path: Path, nodes: int | None = None, gpus_per_node: int | None = N
     try:
         return JobSpec.model_validate({**raw, "resources": resources})
     except ValidationError as exc:
-        _fail(f"{path}: {_validation_message(exc)}", 2)
+        fail(f"{path}: {_validation_message(exc)}", 2)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -79,7 +57,7 @@ def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
     if spec.resources.cluster == LOCAL_PROFILE.name:
         base = LOCAL_PROFILE
     elif gpu_memory_gib is None:
-        _fail(f"cluster {resources.cluster!r} is not known here; give --gpu-memory-gib", 2)
+        fail(f"cluster {resources.cluster!r} is not known here; give --gpu-memory-gib", 2)
     else:
         base = ClusterProfile(
             name=resources.cluster,
@@ -93,7 +71,7 @@ def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
     }
     if gpu_memory_gib is not None:
         if gpu_memory_gib <= 0:
-            _fail(f"--gpu-memory-gib must be positive, not {gpu_memory_gib}", 2)
+            fail(f"--gpu-memory-gib must be positive, not {gpu_memory_gib}", 2)
         update["gpu_memory_gib"] = gpu_memory_gib
     return base.model_copy(update=update)
 
@@ -119,19 +97,19 @@ def advise_command(
         _print_closest(exc, as_json)
         raise typer.Exit(1) from exc
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     if chart is not None:
         budget = budget_bytes(profile, DEFAULT_HEADROOM)
         chart.write_text(render_breakdown_svg(advice.candidates, budget, advice.plan))
     if as_json:
-        _print_json(advice.model_dump(mode="json"))
+        print_json(advice.model_dump(mode="json"))
     else:
         _print_advice(advice, profile)
 
 
 def _print_closest(exc: NoPlanFits, as_json: bool) -> None:
     if as_json:
-        _print_json(
+        print_json(
             {
                 "error": str(exc),
                 "over_by_bytes": exc.over_by_bytes,
@@ -140,10 +118,6 @@ def _print_closest(exc: NoPlanFits, as_json: bool) -> None:
         )
     else:
         err.print(f"[red]no plan fits:[/red] {exc}", highlight=False)
-
-
-def _print_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
 
 
 def _unit(advice: Advice) -> tuple[str, int]:
@@ -215,7 +189,7 @@ def lint_command(
     profile = profile_for(spec, gpu_memory_gib) if spec is not None else None
     findings = lint_ds_config(config, spec, profile)
     if as_json:
-        _print_json([f.model_dump(mode="json") for f in findings])
+        print_json([f.model_dump(mode="json") for f in findings])
     else:
         _print_findings(findings)
     if has_errors(findings):
@@ -226,11 +200,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror}", 2)
+        fail(f"cannot read {path}: {exc.strerror}", 2)
     except json.JSONDecodeError as exc:
-        _fail(f"{path} is not valid JSON: {exc}", 2)
+        fail(f"{path} is not valid JSON: {exc}", 2)
     if not isinstance(data, dict):
-        _fail(f"{path} must hold a JSON object, not {type(data).__name__}", 2)
+        fail(f"{path} must hold a JSON object, not {type(data).__name__}", 2)
     return data
 
 

@@ -207,3 +207,17 @@ def test_admin_creates_users_and_others_cannot(client: TestClient, tokens: dict[
     me = client.get("/v1/me", headers=auth(created.json()["token"])).json()
     assert me == {"name": "carol", "team": "vision", "is_admin": False}
     assert client.post("/v1/users", json=body, headers=auth(tokens["root"])).status_code == 409
+
+
+def test_advice_needs_a_user_and_knows_the_configured_clusters(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    assert client.post("/v1/advice", json=tiny_spec()).status_code == 401
+    response = client.post("/v1/advice", json=tiny_spec(), headers=auth(tokens["alice"]))
+    assert response.status_code == 200, response.text
+    advice = response.json()
+    assert advice["plan"] in advice["candidates"]
+    assert advice["plan"]["ds_config"]["train_batch_size"] == 8
+    elsewhere = tiny_spec(resources={"cluster": "nowhere", "gpus_per_node": 2})
+    unknown = client.post("/v1/advice", json=elsewhere, headers=auth(tokens["alice"]))
+    assert unknown.status_code == 422

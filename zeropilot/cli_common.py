@@ -1,0 +1,41 @@
+"""What every CLI command shares: the consoles, failing with an exit code, reading spec files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from rich.console import Console
+
+# soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print the reason and exit: 1 for a failure, 2 for bad input."""
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML/JSON file holding a mapping, or exit 2 naming what is wrong with it."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", 2)
+    except yaml.YAMLError as exc:
+        fail(f"{path} is not valid YAML/JSON: {exc}", 2)
+    if not isinstance(data, dict):
+        fail(f"{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
+    return data
