@@ -22,6 +22,7 @@ from service.settings import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.integration.slurm_fixtures"]  # the session-wide local Slurm cluster
 POSTGRES_ADMIN_DSN = os.environ.get(
     "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

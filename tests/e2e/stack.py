@@ -25,8 +25,16 @@ def free_port() -> int:
 class Stack:
     """API and workers configured through ZEROPILOT_* variables, as an operator would run them."""
 
-    def __init__(self, data_dir: Path, database_url: str, broker_url: str) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        database_url: str,
+        broker_url: str,
+        host: str = "127.0.0.1",
+        **settings: str,
+    ) -> None:
         self.data_dir = data_dir
+        self.host = host
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -38,6 +46,7 @@ class Stack:
             "ZEROPILOT_API__PORT": str(self.port),
             "ZEROPILOT_WORKERS__RECONCILE_INTERVAL_S": "1",
             "ZEROPILOT_WORKERS__LAUNCH_LEASE_S": "5",
+            **{f"ZEROPILOT_{key.upper()}": value for key, value in settings.items()},
         }
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -49,7 +58,7 @@ class Stack:
             "--factory",
             "service.api.app:create_app",
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--log-level",
