@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
 export PATH="$VENV/bin:$PATH"
+# DeepSpeed's JIT-built ops are tied to the interpreter: one cache per venv avoids rebuilds.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}
 export ZEROPILOT_DATA_DIR=${ZEROPILOT_DATA_DIR:-$PWD/.zeropilot/data}
 export ZEROPILOT_API__PORT=${ZEROPILOT_API__PORT:-8321}
 export ZEROPILOT_URL="http://127.0.0.1:${ZEROPILOT_API__PORT}"
@@ -29,7 +31,7 @@ for _ in $(seq 1 60); do
 done
 echo
 cat "$ZEROPILOT_DATA_DIR/up.log"
-if [ ! -d "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" ]; then
+if [ ! -d "$TORCH_EXTENSIONS_DIR" ]; then
   echo "note: the first DeepSpeed run on this machine compiles its CPU communication op (about a minute)"
 fi
 

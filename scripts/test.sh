@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
 export PATH="$VENV/bin:$PATH"
+# DeepSpeed's JIT-built ops are tied to the interpreter: one cache per venv avoids rebuilds.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}
 
 # A cached venv may hold an editable install of another checkout: point it at this one.
 python -m pip install --quiet --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true

@@ -9,6 +9,7 @@
 # One node runs slurmd next to slurmctld. Two or more nodes each get their own network namespace
 # (zp-node1, zp-node2, ...) on a bridge, with their own IP address (10.77.0.11, .12, ...), their
 # own hostname and their own slurmd, so a multi-node job really crosses network addresses.
+# `start` waits until every node is up (idle, or running jobs) and is idempotent.
 # Needs root. Installs slurm-wlm and munge from Debian's packages when they are missing.
 set -euo pipefail
 
@@ -54,7 +55,7 @@ start_munge() {
     [[ -s /etc/munge/munge.key ]] || mungekey --create --force >&2
     mkdir -p /run/munge
     chown munge:munge /run/munge 2>/dev/null || true
-    munged --force >&2 || die "munged did not start"
+    munged --force >&2 9>&- || die "munged did not start"
     touch "$DIR/munged.ours"  # stop only what we started
 }
 
@@ -119,19 +120,19 @@ create_network() {
 start_slurmd() { # in the root namespace, or in node $1's own network, mount and UTS namespaces
     local name=$1
     if ((NODES == 1)); then
-        slurmd -f "$CONF" -N "$name" >&2
+        slurmd -f "$CONF" -N "$name" >&2 9>&-
         return
     fi
     # nsenter, not `ip netns exec`: the latter remounts /sys and so hides the cgroup hierarchy.
     # shellcheck disable=SC2016  # $1.. are expanded by the inner sh
     nsenter --net="/run/netns/$name" unshare --mount --uts --propagation private \
         sh -c 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -f "$3" -N "$2"' \
-        zp-node "$DIR/hosts" "$name" "$CONF" >&2
+        zp-node "$DIR/hosts" "$name" "$CONF" >&2 9>&-
 }
 
 start_daemons() {
     local name
-    slurmctld -f "$CONF" -c >&2 || die "slurmctld did not start; see $DIR/log/slurmctld.log"
+    slurmctld -f "$CONF" -c >&2 9>&- || die "slurmctld did not start; see $DIR/log/slurmctld.log"
     for name in $(node_names); do start_slurmd "$name"; done
 }
 
@@ -151,15 +152,16 @@ alive() { # running, and not a zombie waiting to be reaped
     [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
 }
 
-wait_until_idle() {
+wait_until_ready() { # every node up: idle, or running jobs (of a session sharing the cluster)
     local deadline=$((SECONDS + WAIT_S)) states
     while ((SECONDS < deadline)); do
         states=$(SLURM_CONF=$CONF sinfo -h -N -o '%t' 2>/dev/null | sort -u | tr '\n' ' ')
-        [[ $states == "idle " ]] && return
+        [[ -n $states ]] && ! tr -s ' ' '\n' <<<"$states" | grep -qvxE 'idle|mix|alloc|comp|' \
+            && return
         sleep 0.5
     done
     SLURM_CONF=$CONF sinfo -N >&2 || true
-    die "nodes not idle after ${WAIT_S}s (states: ${states:-none}); see $DIR/log/"
+    die "nodes not up after ${WAIT_S}s (states: ${states:-none}); see $DIR/log/"
 }
 
 running_nodes() { # how many nodes the running cluster of this folder has, or 0
@@ -177,7 +179,7 @@ cmd_start() {
         if ((NODES > 1)); then write_hosts_file; create_network; fi
         start_daemons
     fi
-    wait_until_idle
+    wait_until_ready
     log "ready: $(SLURM_CONF=$CONF sinfo -h -N -o '%N(%t)' | tr '\n' ' ')"
     echo "export SLURM_CONF=$CONF"
 }
@@ -224,6 +226,7 @@ cmd_status() {
 }
 
 with_lock() { # one start or stop at a time: two test sessions may share this folder
+    # Every daemon started under the lock is started with fd 9 closed, or it would hold the lock.
     exec 9>"$DIR/.lock"
     flock 9
     "$@"

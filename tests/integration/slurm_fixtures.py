@@ -2,9 +2,10 @@
 
 ``slurm_cluster`` (session scope) runs ``deploy/slurm/local-cluster.sh start --nodes 2``: it
 reuses a two-node cluster already running in ``$ZEROPILOT_SLURM_DIR`` (default
-/tmp/zeropilot-slurm) and stops the cluster at the end only if it started it. The two nodes,
-zp-node1 and zp-node2, live in their own network namespaces with their own addresses. Starting
-it needs root (network namespaces, cgroups, munge).
+/tmp/zeropilot-slurm), and stops the cluster at the end only if it started it and
+``ZEROPILOT_SLURM_KEEP`` is unset (sessions on one machine share its one local cluster). The
+two nodes, zp-node1 and zp-node2, live in their own network namespaces with their own
+addresses. Starting it needs root (network namespaces, cgroups, munge).
 """
 
 from __future__ import annotations
@@ -85,11 +86,11 @@ class LocalSlurm:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
         return done.stdout
 
-    def wait_until_idle(self, deadline_s: float = 120) -> None:
+    def wait_until_up(self, deadline_s: float = 120) -> None:
+        """Every node answers and takes jobs (idle, or busy with another session's jobs)."""
         give_up = time.monotonic() + deadline_s
-        while self.command("sinfo", "--noheader", "--Node", "--format=%t").split() != [
-            "idle"
-        ] * len(self.nodes):
+        up = {"idle", "mix", "alloc", "comp"}
+        while not set(self.command("sinfo", "--noheader", "--Node", "--format=%t").split()) <= up:
             if time.monotonic() > give_up:
                 raise AssertionError(self.command("sinfo", "--Node", "--long"))
             time.sleep(1)
@@ -112,7 +113,7 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
         pytest.fail(f"the local Slurm cluster did not start:\n{started.stderr}", pytrace=False)
     conf = Path(started.stdout.strip().rpartition("SLURM_CONF=")[2])
     yield LocalSlurm(conf=conf, nodes=NODES)
-    if not already_running:
+    if not already_running and not os.environ.get("ZEROPILOT_SLURM_KEEP"):
         subprocess.run([str(RECIPE), "stop", "--dir", folder], check=False, timeout=120)
 
 

@@ -26,14 +26,12 @@ from .slurm_fixtures import (
     PROBE_SCRIPT,
     LocalSlurm,
     launch_request,
-    slurm_cluster,
     slurm_profile,
     wait_for,
     write_script,
 )
 
-__all__ = ["slurm_cluster"]  # the session fixture, imported so that pytest finds it
-
+# The session fixture ``slurm_cluster`` comes from slurm_fixtures, a plugin of tests/conftest.py.
 RUNNING = frozenset({BackendState.RUNNING})
 TIME_LIMIT_S = 60  # Slurm's shortest: --time counts whole minutes
 
@@ -236,6 +234,36 @@ def test_unsafe_job_name_is_rejected_before_anything_reaches_slurm(
     assert not (request.attempt_dir / slurm.JOB_ID_FILE).exists()
 
 
+FORGOTTEN_JOB_ID = "4000001"  # far above any id the local cluster has handed out
+
+
+@pytest.mark.parametrize(
+    ("left_behind", "expected", "exit_code"),
+    [
+        ({"slurm-4000001.exit": "0\n"}, BackendState.SUCCEEDED, 0),
+        ({"slurm-4000001.exit": "3\n"}, BackendState.FAILED, 3),
+        ({slurm.CANCEL_MARKER: ""}, BackendState.CANCELLED, None),
+        ({}, BackendState.LOST, None),
+    ],
+)
+def test_job_slurm_has_forgotten_is_read_from_what_it_left_in_the_folder(
+    slurm_cluster: LocalSlurm,
+    tmp_path: Path,
+    left_behind: dict[str, str],
+    expected: BackendState,
+    exit_code: int | None,
+) -> None:
+    profile = slurm_profile(slurm_cluster)
+    for name, text in left_behind.items():
+        (tmp_path / name).write_text(text)
+    ref = slurm.encode_ref(FORGOTTEN_JOB_ID, tmp_path)
+
+    status = slurm.poll(profile, ref)  # scontrol: "Invalid job id"; sacct: no accounting here
+
+    assert (status.state, status.exit_code) == (expected, exit_code)
+    slurm.cancel(profile, ref)  # nothing left to stop: a no-op
+
+
 def test_two_node_job_crosses_namespaced_addresses(
     slurm_cluster: LocalSlurm, tmp_path: Path
 ) -> None:
@@ -287,7 +315,7 @@ def test_node_failure_is_reported_as_node_lost(slurm_cluster: LocalSlurm, tmp_pa
     try:
         status = wait_for(profile, ref)
     finally:
-        slurm_cluster.wait_until_idle()  # the node's slurmd still answers: it comes back
+        slurm_cluster.wait_until_up()  # the node's slurmd still answers: it comes back
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "NODE_FAIL")
     assert classify(status) == FailureClass.NODE_LOST

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,9 +19,15 @@ from pathlib import Path
 import pytest
 
 from service.core.clusters import BackendKind, ClusterProfile
-from workers.backends.base import LaunchRequest, PermanentError
+from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
 from workers.backends.slurm import decode_ref, encode_ref
-from workers.backends.slurm_commands import parse_exit_code, parse_fields, parse_sacct
+from workers.backends.slurm_commands import (
+    UnknownJobError,
+    parse_exit_code,
+    parse_fields,
+    parse_sacct,
+    run_slurm,
+)
 from workers.backends.slurm_render import (
     render_batch_script,
     render_node_script,
@@ -248,3 +255,34 @@ def test_node_script_passes_slurms_warning_signal_to_the_training_and_keeps_its_
 
     assert node.wait(timeout=30) == 7
     assert warned.exists()
+
+
+@pytest.mark.parametrize(
+    ("stderr", "error"),
+    [
+        ("sbatch: error: Batch job submission failed: Invalid partition name specified",
+         PermanentError),
+        ("squeue: error: Unable to contact slurm controller (connect failure)", TemporaryError),
+        ("slurm_load_jobs error: Invalid job id specified", UnknownJobError),
+    ],
+)  # fmt: skip
+def test_slurm_command_failures_become_backend_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stderr: str, error: type[Exception]
+) -> None:
+    fake = tmp_path / "sbatch"
+    fake.write_text(f"#!/bin/sh\necho {shlex.quote(stderr)} >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    with pytest.raises(error) as raised:
+        run_slurm(profile(), ["sbatch", "--parsable", "job.sbatch"])
+    assert stderr in str(raised.value)
+    assert isinstance(raised.value.__cause__, subprocess.CalledProcessError)
+
+
+def test_missing_slurm_client_is_a_permanent_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PermanentError, match="sbatch not found"):
+        run_slurm(profile(), ["sbatch", "job.sbatch"])

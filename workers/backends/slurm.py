@@ -161,7 +161,7 @@ def _existing_job(request: LaunchRequest, attempt_dir: Path) -> str | None:
     )
     for line in listed.splitlines():
         job_id, _, work_dir = line.strip().partition(" ")
-        if work_dir == str(attempt_dir):
+        if Path(work_dir).resolve() == attempt_dir.resolve():  # sbatch records a real path
             _record_job_id(attempt_dir, job_id)
             return job_id
     return None
@@ -202,16 +202,16 @@ def _sacct_job(profile: ClusterProfile, job_id: str) -> dict[str, str] | None:
 
 def _status_from_files(job_id: str, attempt_dir: Path) -> BackendStatus:
     log_tail = read_tail(log_file(attempt_dir, job_id), POLL_TAIL_LINES)
-    forgotten = f"Slurm no longer knows job {job_id}"
-    if (attempt_dir / CANCEL_MARKER).exists():
-        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", log_tail=log_tail)
     exit_file = exit_code_file(attempt_dir, job_id)
-    if exit_file.exists():
-        code = int(exit_file.read_text().strip() or "1")
-        state = BackendState.SUCCEEDED if code == 0 else BackendState.FAILED
-        reason = f"{forgotten}; exit code from {exit_file.name}"
-        return BackendStatus(state, code, reason=reason, log_tail=log_tail)
-    reason = f"{forgotten} and its batch script left no exit code (killed, or node lost)"
+    code = int(exit_file.read_text().strip() or "1") if exit_file.exists() else None
+    reason = f"Slurm no longer knows job {job_id}"
+    if code == 0:  # it finished before a cancel could stop it
+        return BackendStatus(BackendState.SUCCEEDED, 0, reason=reason, log_tail=log_tail)
+    if (attempt_dir / CANCEL_MARKER).exists():
+        return BackendStatus(BackendState.CANCELLED, code, "CANCELLED", reason, log_tail)
+    if code is not None:
+        return BackendStatus(BackendState.FAILED, code, reason=reason, log_tail=log_tail)
+    reason += " and its batch script left no exit code (killed, or its node lost)"
     return BackendStatus(BackendState.LOST, reason=reason, log_tail=log_tail)
 
 

@@ -93,11 +93,11 @@ def render_node_script(request: LaunchRequest) -> str:
     return f"""#!/bin/bash
 # Rendered by zeropilot for attempt {request.name}: this node's DeepSpeed launcher (ssh-less).
 {exports}cd -- {workdir} || {{ echo "zeropilot: no working_dir on $(hostname)" >&2; exit 127; }}
-# Slurm sends its time-limit warning ({TIME_LIMIT_SIGNAL}) to this task's own process only, not to
-# the training processes below it: the launcher gets a process group of its own and the signal
-# (and TERM, for sites whose process tracking would miss that group) is passed on to all of it.
-# Launchers ignore {TIME_LIMIT_SIGNAL} (by default it would end them); a training process that
-# installs a handler for it still gets it.
+# Slurm sends its time-limit warning to this task's own process only, not to the training
+# processes below it: the launcher gets a process group of its own and the signal (and TERM,
+# for sites whose process tracking would miss that group) is passed on to all of it. Launchers
+# ignore {TIME_LIMIT_SIGNAL} (by default it would end them); a training process that installs a
+# handler for it still gets it.
 set -m
 (trap '' {TIME_LIMIT_SIGNAL}; exec {_launcher_command(request)}) &
 launcher=$!
