@@ -61,6 +61,8 @@ dist.all_gather_object(everyone, record)  # a real collective across the nodes
 if dist.get_rank() == 0:
     with open(os.path.join(os.environ["PROBE_DIR"], "probe.json"), "w") as out:
         json.dump(everyone, out)
+dist.barrier()
+dist.destroy_process_group()  # leave gloo cleanly: a rank exiting mid-teardown can abort
 time.sleep(float(os.environ.get("PROBE_SLEEP_S", "0")))
 sys.exit(int(os.environ.get("PROBE_EXIT_CODE", "0")))
 """
