@@ -6,7 +6,6 @@ without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -184,7 +183,7 @@ def lint_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Review a DeepSpeed config against DeepSpeed's rules and the ZeRO pitfalls."""
-    config = read_json_object(ds_config)
+    config = read_mapping(ds_config, "a DeepSpeed config")
     spec = load_job(job) if job is not None else None
     profile = profile_for(spec, gpu_memory_gib) if spec is not None else None
     findings = lint_ds_config(config, spec, profile)
@@ -194,18 +193,6 @@ def lint_command(
         _print_findings(findings)
     if has_errors(findings):
         raise typer.Exit(1)
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc.strerror}", 2)
-    except json.JSONDecodeError as exc:
-        fail(f"{path} is not valid JSON: {exc}", 2)
-    if not isinstance(data, dict):
-        fail(f"{path} must hold a JSON object, not {type(data).__name__}", 2)
-    return data
 
 
 def _print_findings(findings: list[Finding]) -> None:

@@ -11,27 +11,11 @@ from service.core.advisor import Advice, Candidate, NoPlanFits, advise
 from service.core.advisor.choice import throughput_key
 from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
 from service.core.spec import JobSpec
+from tests.unit.shapes import LLAMA_7B, h100_node
 
 GIB = 1024**3
 
-H100_NODE = ClusterProfile(
-    name="h100",
-    kind=BackendKind.SLURM,
-    accelerator="nvidia-h100-80gb",
-    gpu_memory_gib=80,
-    gpus_per_node=8,
-    cpu_memory_gib=2048,
-    max_nodes=16,
-)
-
-LLAMA_7B: dict[str, Any] = {
-    "hidden_size": 4096,
-    "num_layers": 32,
-    "num_heads": 32,
-    "vocab_size": 32000,
-    "ffn_size": 11008,
-    "tied_embeddings": False,
-}
+H100_NODE = h100_node(max_nodes=16)
 
 
 def job(

@@ -14,18 +14,11 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from service.api.routes import advice
-from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
+from service.core.clusters import LOCAL_PROFILE
+from tests.unit.shapes import h100_node
 from zeropilot.cli_advice import advise_command, lint_command
 
-H100 = ClusterProfile(
-    name="h100",
-    kind=BackendKind.SLURM,
-    accelerator="nvidia-h100-80gb",
-    gpu_memory_gib=80,
-    gpus_per_node=8,
-    cpu_memory_gib=2048,
-    max_nodes=4,
-)
+H100 = h100_node()
 TINY: dict[str, Any] = {
     "name": "tiny",
     "entrypoint": "examples/train_tiny.py",

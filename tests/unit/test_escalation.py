@@ -5,33 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from service.core.advisor import Candidate, advise
-from service.core.clusters import BackendKind, ClusterProfile
 from service.core.escalation import next_rung
 from service.core.spec import JobSpec
+from tests.unit.shapes import LLAMA_7B, h100_node
 
-H100 = ClusterProfile(
-    name="h100",
-    kind=BackendKind.SLURM,
-    accelerator="nvidia-h100-80gb",
-    gpu_memory_gib=80,
-    gpus_per_node=8,
-    cpu_memory_gib=2048,
-    max_nodes=4,
-)
+H100 = h100_node()
 
 
 def llama7b(max_attempts: int = 20, **zero: Any) -> JobSpec:
     return JobSpec(
         name="llama",
         entrypoint="train.py",
-        model={
-            "hidden_size": 4096,
-            "num_layers": 32,
-            "num_heads": 32,
-            "vocab_size": 32000,
-            "ffn_size": 11008,
-            "tied_embeddings": False,
-        },
+        model=LLAMA_7B,
         training={"sequence_length": 4096, "global_batch_size": 256},
         resources={"nodes": 1, "gpus_per_node": 8},
         zero=zero,

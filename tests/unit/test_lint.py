@@ -11,16 +11,9 @@ from service.core.advisor import advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
 from service.core.spec import JobSpec
+from tests.unit.shapes import LLAMA_7B, h100_node
 
-H100 = ClusterProfile(
-    name="h100",
-    kind=BackendKind.SLURM,
-    accelerator="nvidia-h100-80gb",
-    gpu_memory_gib=80,
-    gpus_per_node=8,
-    cpu_memory_gib=1024,
-    max_nodes=4,
-)
+H100 = h100_node(cpu_memory_gib=1024)
 V100 = ClusterProfile(
     name="v100",
     kind=BackendKind.SLURM,
@@ -51,14 +44,7 @@ def llama7b_job(**zero: Any) -> JobSpec:
     return JobSpec(
         name="llama",
         entrypoint="train.py",
-        model={
-            "hidden_size": 4096,
-            "num_layers": 32,
-            "num_heads": 32,
-            "vocab_size": 32000,
-            "ffn_size": 11008,
-            "tied_embeddings": False,
-        },
+        model=LLAMA_7B,
         training={"sequence_length": 2048, "global_batch_size": 256},
         resources={"nodes": 1, "gpus_per_node": 8},
         zero=zero,
