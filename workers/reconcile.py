@@ -112,7 +112,9 @@ def _note_pending(session: Session, attempt: Attempt, status: BackendStatus) -> 
 
 
 def _mark_running(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
-    reason = f"attempt {attempt.number} running ({status.native_state or 'started'})"
+    native = status.native_state
+    detail = f" ({native})" if native and native.lower() != "running" else ""
+    reason = f"attempt {attempt.number} running{detail}"
     move_attempt(
         session,
         attempt,

@@ -13,11 +13,8 @@ import subprocess
 import sys
 from types import FrameType
 
-from rich.console import Console
-
 from zeropilot import credentials
-
-console = Console()
+from zeropilot.cli_common import console
 
 
 def run_embedded(host: str | None, port: int | None) -> None:
