@@ -68,9 +68,9 @@ def run_embedded(host: str | None, port: int | None) -> None:
             worker.kill()
 
 
-def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
-    log = open(os.path.join(data_dir, "worker.log"), "ab")  # noqa: SIM115 (the child keeps it)
-    argv = [
+def worker_argv(schedule: str, *extra: str) -> list[str]:
+    """One Celery worker with the reconcile beat inside it: the embedded way to run workers."""
+    return [
         sys.executable,
         "-m",
         "celery",
@@ -79,7 +79,7 @@ def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
         "worker",
         "--beat",
         "--schedule",
-        os.path.join(data_dir, "celerybeat-schedule"),
+        schedule,
         "--pool",
         "solo",
         "--loglevel",
@@ -87,7 +87,13 @@ def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
+        *extra,
     ]
+
+
+def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
+    log = open(os.path.join(data_dir, "worker.log"), "ab")  # noqa: SIM115 (the child keeps it)
+    argv = worker_argv(os.path.join(data_dir, "celerybeat-schedule"))
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 

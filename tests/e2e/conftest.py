@@ -23,12 +23,17 @@ def stack(tmp_path: Path, postgres_url: str, redis_url: str) -> Iterator[Stack]:
     running.stop()
 
 
-@pytest.fixture
-def token(stack: Stack, postgres_url: str) -> str:
-    with Session(get_engine(postgres_url)) as session:
+def user_token(database_url: str) -> str:
+    """A token of user alice in team vision, created straight in the database."""
+    with Session(get_engine(database_url)) as session:
         made = create_user(session, "alice", "vision")
         session.commit()
     return made
+
+
+@pytest.fixture
+def token(stack: Stack, postgres_url: str) -> str:
+    return user_token(postgres_url)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from tests.integration.helpers import REPO
+from zeropilot.up import worker_argv
 
 
 def free_port() -> int:
@@ -69,26 +70,7 @@ class Stack:
 
     def start_worker(self, name: str, **settings: str) -> subprocess.Popen[bytes]:
         extra = {f"ZEROPILOT_WORKERS__{key.upper()}": value for key, value in settings.items()}
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery_app",
-            "worker",
-            "--beat",
-            "--schedule",
-            str(self.data_dir / f"beat-{name}"),
-            "--pool",
-            "solo",
-            "--hostname",
-            f"{name}@%h",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
+        argv = worker_argv(str(self.data_dir / f"beat-{name}"), "--hostname", f"{name}@%h")
         return self._spawn(argv, f"worker-{name}.log", extra)
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from service.db.migrate import upgrade
+from tests.e2e.conftest import user_token
 from tests.e2e.stack import Api, Stack
 from tests.e2e.test_cli import zeropilot
 from tests.integration.helpers import tiny_spec
@@ -46,15 +47,7 @@ def slurm_stack(
 
 @pytest.fixture
 def slurm_token(slurm_stack: Stack, postgres_url: str) -> str:
-    from sqlmodel import Session
-
-    from service.db.session import get_engine
-    from service.db.users import create_user
-
-    with Session(get_engine(postgres_url)) as session:
-        token = create_user(session, "alice", "vision")
-        session.commit()
-    return token
+    return user_token(postgres_url)
 
 
 def test_two_node_slurm_job_trains_over_http(slurm_stack: Stack, slurm_token: str) -> None:
