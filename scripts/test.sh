@@ -13,6 +13,7 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$VENV/torch_extensions}
 python -m pip install --quiet --no-deps -e . 2>&1 | grep -v "^WARNING: Location" || true
 
 scripts/services.sh
+ZEROPILOT_HELM=$(scripts/tools.sh helm); export ZEROPILOT_HELM  # the chart tests need it
 
 echo "== static checks"
 ruff check .
