@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from advisor_model_vs_runs import ROOT, Point, load_runs, points
 
-from service.core.advisor.constants import CALIBRATION
+from service.core.advisor.advise import DEFAULT_HEADROOM
 
 OUT = ROOT / "bench" / "data" / "accuracy.md"
 MIB = 1024**2
@@ -68,7 +68,8 @@ def accelerate_rule(p: Point) -> float:
 
 
 def zeropilot_tensor_bytes(p: Point) -> int:
-    return p.predict().per_gpu.total - CALIBRATION.overhead.cpu_process_bytes
+    per_gpu = p.predict().per_gpu
+    return per_gpu.total - per_gpu.overhead
 
 
 def error(predicted: float, measured: float) -> float:
@@ -105,6 +106,28 @@ def summary(name: str, errors: list[float]) -> str:
     )
 
 
+def fits_check(measured: list[Point]) -> list[str]:
+    """Would the advisor say "fits" where the run needs more? For each point, the smallest
+    budget it calls enough (predicted total over 1 - headroom) against what the rank really
+    used: its resident-set high-water mark during the step (tensors, process, gloo buffers)."""
+    unsafe, margins = [], []
+    for p in measured:
+        smallest_fitting_budget = p.predict().per_gpu.total / (1.0 - DEFAULT_HEADROOM)
+        used = max(int(p.measured["rss_peak"]), int(p.measured["rss_before"]))
+        margins.append(100.0 * (smallest_fitting_budget - used) / used)
+        if used > smallest_fitting_budget:
+            unsafe.append(f"| {p.label} | {used / MIB:.1f} | {smallest_fitting_budget / MIB:.1f} |")
+    lines = [
+        f"Fits check (headroom {DEFAULT_HEADROOM:.0%}): {len(unsafe)} of {len(measured)} points "
+        f"used more resident memory than the smallest budget the advisor calls enough; "
+        f"margin of that budget over the resident peak: min {min(margins):+.1f}%, "
+        f"median {statistics.median(margins):+.1f}%."
+    ]
+    if unsafe:
+        lines += ["", "| point | resident MiB | smallest fitting budget MiB |", "|---|---:|---:|"]
+    return lines + unsafe
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.parse_args()
@@ -118,7 +141,7 @@ def main() -> None:
         summary("DeepSpeed model-states estimators", theirs),
         summary("accelerate rule", acc),
     ]
-    text = "\n".join([*head, "", *lines]) + "\n"
+    text = "\n".join([*head, "", *fits_check(measured), "", *lines]) + "\n"
     OUT.write_text(text)
     print(text)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from advisor_model_vs_runs import ROOT, Point, load_runs, points
 
-from service.core.advisor.constants import CALIBRATION, Activations, Calibration
+from service.core.advisor.constants import (
+    CALIBRATION,
+    DEFAULT_HEADROOM,
+    Activations,
+    Calibration,
+)
 from service.core.advisor.memory import (
     backward_phase,
     forward_phase,
@@ -112,6 +116,36 @@ def nonnegative_lstsq(
         free.remove(negative[0])
 
 
+def resident_peak(p: Point) -> int:
+    return max(int(p.measured["rss_peak"]), int(p.measured["rss_before"]))
+
+
+def process_fit(measured: list[Point], calibration: Calibration) -> tuple[float, float]:
+    """A rank's resident memory beyond its predicted tensors: a fixed part (interpreter, torch,
+    gloo, DeepSpeed's shared-memory buffers) plus a share of the tensors that glibc keeps after
+    they are freed. The share is fitted against each point's resident high-water mark; the fixed
+    part is then raised until no point's resident peak exceeds the smallest budget the advisor
+    would call enough (predicted total over 1 - headroom): "fits" must never be optimistic."""
+    predicted = [tensor_bytes(p, calibration) for p in measured]
+    base, share = nonnegative_lstsq(
+        [[1.0, float(t)] for t in predicted],
+        [resident_peak(p) - t for p, t in zip(measured, predicted, strict=True)],
+        [1.0 / resident_peak(p) for p in measured],
+    )
+    usable = 1.0 - DEFAULT_HEADROOM
+    needed = max(
+        usable * resident_peak(p) - (1.0 + share) * t
+        for p, t in zip(measured, predicted, strict=True)
+    )
+    mib = 1024**2
+    return max(base, -(-needed // mib) * mib), share  # whole MiB, rounded up
+
+
+def tensor_bytes(p: Point, calibration: Calibration) -> int:
+    per_gpu = p.predict(calibration).per_gpu
+    return per_gpu.total - per_gpu.overhead
+
+
 def main() -> None:
     measured = list(points(load_runs()))
     calibration = dataclasses.replace(CALIBRATION, activations=NO_ACTIVATIONS)
@@ -127,7 +161,7 @@ def main() -> None:
         [forward_target(p, calibration) for p in forward],
         [1.0 / p.peak() for p in forward],
     )
-    process = statistics.median(p.measured["rss_before"] - p.held() for p in measured)
+    process, slack = process_fit(measured, CALIBRATION)  # the constants now in constants.py
     fitted = {
         "points": len(measured),
         "forward_dominated_points": len(forward),
@@ -137,6 +171,7 @@ def main() -> None:
         "torch_adam_partitions": step[0],
         "kept_logits_bytes_per_vocab": step[1],
         "cpu_process_bytes": int(process),
+        "cpu_fragmentation": slack,
     }
     OUT.write_text(json.dumps(fitted, indent=1))
     print(json.dumps(fitted, indent=1))

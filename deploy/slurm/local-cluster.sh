@@ -67,14 +67,12 @@ node_addr() { # the address of node number $1 (1-based)
     if ((NODES == 1)); then echo 127.0.0.1; else echo "$SUBNET.$((10 + $1))"; fi
 }
 
-write_config() {
+render_slurm_conf() { # the slurm.conf this recipe writes for $NODES nodes
     local total_mib cpus node_mib ctld_addr i
     total_mib=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
     cpus=$(nproc)
     node_mib=$((total_mib * 85 / 100 / NODES))  # leave room for the OS and the services
     ctld_addr=$( ((NODES == 1)) && echo 127.0.0.1 || echo "$CTLD_ADDR")
-    mkdir -p "$DIR"/{state,log,run}
-    for i in $(node_names); do mkdir -p "$DIR/spool/$i"; done
     {
         sed -e "s|@DIR@|$DIR|g" -e "s|@CTLD_HOST@|$(hostname -s)|" -e "s|@CTLD_ADDR@|$ctld_addr|" \
             "$(dirname "$0")/slurm.conf.in"
@@ -83,7 +81,18 @@ write_config() {
                 "$(node_names | sed -n "${i}p")" "$(node_addr "$i")" "$cpus" "$node_mib"
         done
         printf 'PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n'
-    } >"$CONF"
+    }
+}
+
+config_is_current() { # the running cluster was started from what this recipe writes now
+    cmp -s <(render_slurm_conf) "$CONF" && cmp -s "$(dirname "$0")/cgroup.conf" "$DIR/cgroup.conf"
+}
+
+write_config() {
+    local i
+    mkdir -p "$DIR"/{state,log,run}
+    for i in $(node_names); do mkdir -p "$DIR/spool/$i"; done
+    render_slurm_conf >"$CONF"
     cp "$(dirname "$0")/cgroup.conf" "$DIR/cgroup.conf"
     echo "$NODES" >"$DIR/nodes"
 }
@@ -172,7 +181,8 @@ running_nodes() { # how many nodes the running cluster of this folder has, or 0
 cmd_start() {
     install_packages
     start_munge
-    if [[ $(running_nodes) != "$NODES" ]]; then
+    # A cluster left by an older checkout (another config) is restarted, not reused.
+    if [[ $(running_nodes) != "$NODES" ]] || ! config_is_current; then
         log "starting a $NODES-node cluster in $DIR"
         cmd_stop_daemons
         write_config
