@@ -6,10 +6,12 @@ without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -19,13 +21,14 @@ from service.core.advisor.chart import render_breakdown_svg
 from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
-from service.core.clusters import LOCAL_PROFILE, BackendKind, ClusterProfile
+from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 from zeropilot.cli_common import JsonOpt, console, err, fail, print_json, read_mapping
 
 GIB = 1024**3
 TABLE_WIDTH = 140  # the candidate table needs it; narrower terminals wrap rather than truncate
 
+PROFILES_ENV = "ZEROPILOT_CLUSTERS__PROFILES_FILE"
 GpuMemoryOpt = Annotated[
     float | None, typer.Option("--gpu-memory-gib", help="Memory per GPU (per rank on CPU).")
 ]
@@ -51,12 +54,19 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
-    """``local`` as configured, or any cluster described by --gpu-memory-gib and the spec."""
+    """The spec's cluster from the configured profiles (``local`` always exists), or any cluster
+    described by --gpu-memory-gib and the spec."""
     resources = spec.resources
-    if spec.resources.cluster == LOCAL_PROFILE.name:
-        base = LOCAL_PROFILE
+    known = configured_profiles()
+    if resources.cluster in known:
+        base = known[resources.cluster]
     elif gpu_memory_gib is None:
-        fail(f"cluster {resources.cluster!r} is not known here; give --gpu-memory-gib", 2)
+        fail(
+            f"cluster {resources.cluster!r} is not in the cluster profiles "
+            f"({PROFILES_ENV}={os.environ.get(PROFILES_ENV, '')!r}); set {PROFILES_ENV} to the "
+            "server's profiles file or give --gpu-memory-gib",
+            2,
+        )
     else:
         base = ClusterProfile(
             name=resources.cluster,
@@ -73,6 +83,16 @@ def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
             fail(f"--gpu-memory-gib must be positive, not {gpu_memory_gib}", 2)
         update["gpu_memory_gib"] = gpu_memory_gib
     return base.model_copy(update=update)
+
+
+def configured_profiles() -> dict[str, ClusterProfile]:
+    """The profiles the server would use, from the same setting (a file named by an env var)."""
+    from service.settings import get_settings
+
+    try:
+        return get_settings().cluster_profiles()
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        fail(f"cannot read the cluster profiles ({PROFILES_ENV}): {exc}", 2)
 
 
 def advise_command(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from service.api.routes import advice
 from service.core.clusters import LOCAL_PROFILE
+from service.settings import get_settings
 from tests.unit.shapes import h100_node
 from zeropilot.cli_advice import advise_command, lint_command
 
@@ -206,6 +208,46 @@ def test_cli_advise_bad_input_exits_2(cli: typer.Typer, tmp_path: Path) -> None:
     assert CliRunner().invoke(cli, ["advise", str(bad)]).exit_code == 2
     assert CliRunner().invoke(cli, ["advise", str(missing)]).exit_code == 2
     assert CliRunner().invoke(cli, ["advise", str(unknown)]).exit_code == 2
+
+
+@pytest.fixture
+def profiles_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The server's profiles setting, as the CLI reads it, holding the H100 node."""
+    path = tmp_path / "clusters.yaml"
+    path.write_text(yaml.safe_dump({"clusters": [H100.model_dump(mode="json")]}))
+    monkeypatch.setenv("ZEROPILOT_CLUSTERS__PROFILES_FILE", str(path))
+    get_settings.cache_clear()
+    yield path
+    get_settings.cache_clear()
+
+
+def test_cli_advise_uses_the_configured_cluster_profile(
+    cli: typer.Typer, tmp_path: Path, profiles_file: Path
+) -> None:
+    spec = write(
+        tmp_path / "llama.yaml", {"name": "llama", "entrypoint": "train.py", **LLAMA_PARTS}
+    )
+
+    result = CliRunner().invoke(cli, ["advise", str(spec)], terminal_width=200)
+
+    assert result.exit_code == 0, result.output
+    usable = H100.gpu_memory_gib * 0.9
+    assert f"of {usable:.2f} GiB usable per GPU" in result.output
+
+
+def test_cli_advise_unknown_cluster_names_the_profiles_setting(
+    cli: typer.Typer, tmp_path: Path, profiles_file: Path
+) -> None:
+    spec = write(
+        tmp_path / "job.yaml",
+        {**TINY, "resources": {"cluster": "a100-pool", "nodes": 1, "gpus_per_node": 2}},
+    )
+
+    result = CliRunner().invoke(cli, ["advise", str(spec)])
+
+    assert result.exit_code == 2
+    assert "'a100-pool' is not in the cluster profiles" in result.output
+    assert "ZEROPILOT_CLUSTERS__PROFILES_FILE" in result.output
 
 
 def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(
