@@ -22,4 +22,12 @@ mypy
 lint-imports --no-cache
 
 echo "== tests"
-python -m pytest -ra "$@"
+status=0
+python -m pytest -ra "$@" || status=$?
+if ((status != 0)); then
+    # A run killed from outside prints no summary: leave what the machine says about it.
+    echo "== pytest exited $status; memory and the kernel's last kills:"
+    free -m || true
+    dmesg 2>/dev/null | grep -E "Killed process|oom-kill" | tail -n 6 || true
+fi
+exit "$status"
