@@ -50,6 +50,14 @@ class ClusterProfile(BaseModel):
     namespace: str | None = None
     queue: str | None = None  # Kueue LocalQueue name
     scheduler_name: str | None = None  # e.g. "volcano"
+    # How to reach the API server. Both None: the pod's service account when zeropilot runs in
+    # a pod, else $KUBECONFIG or ~/.kube/config; kube_context None: the current context.
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    # A ReadWriteMany claim mounted in every training pod at shared_volume_path: the same volume
+    # the workers keep their data folder on, so attempt folders and checkpoints resolve in pods.
+    shared_volume_claim: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    shared_volume_path: Annotated[str, Field(pattern=r"^/[^\x00\n]*$")] = "/var/lib/zeropilot"
 
 
 LOCAL_PROFILE = ClusterProfile(name="local", kind=BackendKind.LOCAL, max_nodes=2)

@@ -55,6 +55,7 @@ _NATIVE_STATES: dict[str, FailureClass] = {
     "CREATECONTAINERCONFIGERROR": FailureClass.LAUNCH_ERROR,
     "RUNCONTAINERERROR": FailureClass.LAUNCH_ERROR,
     "CONTAINERCANNOTRUN": FailureClass.LAUNCH_ERROR,
+    "STARTERROR": FailureClass.LAUNCH_ERROR,  # containerd could not start it (exit code 128)
 }
 
 _MARKER = re.compile(r"ZEROPILOT_FAILURE_CLASS=([A-Z_]+)")

@@ -156,6 +156,8 @@ def test_a_gpu_oom_beats_the_nccl_errors_it_causes_on_other_ranks() -> None:
         ("Evicted", FailureClass.NODE_LOST),
         ("CANCELLED by 0", FailureClass.CANCELLED),
         ("ImagePullBackOff", FailureClass.LAUNCH_ERROR),
+        ("StartError", FailureClass.LAUNCH_ERROR),
+        ("DisruptionTarget", FailureClass.NODE_LOST),
     ],
 )
 def test_cluster_state_names_the_failure(native_state: str, expected: FailureClass) -> None:

@@ -1,0 +1,346 @@
+"""The Kubernetes backend: per attempt an Indexed Job, a headless Service and a ConfigMap.
+
+The reference is ``"<namespace>/<name>"``. ``submit`` creates the Job first, then the ConfigMap
+and the Service with the Job as their owner, so the garbage collector removes them with it (the
+Job's pods wait for the ConfigMap to mount). A retried submit meets 409 AlreadyExists for what an
+earlier try created, adopts it when it carries this attempt's label, and creates the rest.
+
+``poll`` reads the Job's conditions and its pods: why a pod waits (queue, scheduler, image), how
+each node's container ended (exit code, OOMKilled), whether a pod was disrupted (preemption,
+eviction, node loss), and the failing pod's log tail for the classifier. A pod whose image can
+never be pulled would be retried by the kubelet for ever while holding its node, so ``poll``
+deletes that Job when it reports the launch error. Responses are read as plain JSON (the field
+names of the Kubernetes API reference), not as the client's models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from service.core.clusters import ClusterProfile
+from workers.backends.base import (
+    BackendState,
+    BackendStatus,
+    LaunchRequest,
+    PermanentError,
+    TemporaryError,
+)
+from workers.backends.kubernetes_render import (
+    ATTEMPT_LABEL,
+    CONTAINER,
+    JOB_NAME_LABEL,
+    checked_name,
+    namespace_of,
+    render_config_map,
+    render_job,
+    render_service,
+)
+from workers.backends.kubernetes_status import (
+    Json,
+    active_status,
+    failed_status,
+    launch_error,
+    newest_by_index,
+    node_exit_codes,
+    terminated_state,
+    true_conditions,
+)
+
+API_TIMEOUT_S = (5.0, 30.0)  # connect, read
+POLL_TAIL_LINES = 80
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": API_TIMEOUT_S}
+_TEMPORARY_STATUS = frozenset({409, 429})  # a Conflict other than AlreadyExists: try again
+
+
+class NotFoundError(PermanentError):
+    """The API server does not know the object (404)."""
+
+
+class AlreadyExistsError(PermanentError):
+    """The object exists already (409 AlreadyExists): an earlier submit got this far."""
+
+
+def submit(request: LaunchRequest) -> str:
+    if request.profile.namespace is None and (own := _own_namespace()) is not None:
+        # A worker inside a cluster launches next to itself, where its Role grants the rights.
+        profile = request.profile.model_copy(update={"namespace": own})
+        request = dataclasses.replace(request, profile=profile)
+    namespace, name = namespace_of(request.profile), checked_name(request)
+    job = render_job(request)  # before any call: a request that cannot run creates nothing
+    try:
+        ds_config = request.ds_config_path.read_text()
+    except OSError as exc:
+        raise PermanentError(f"cannot read the attempt's ds_config: {exc}") from exc
+    batch, core = _apis(request.profile)
+    created = _create_or_adopt(
+        request,
+        f"Job {namespace}/{name}",
+        lambda: batch.create_namespaced_job(namespace, job, **_RAW),
+        lambda: batch.read_namespaced_job(name, namespace, **_RAW),
+    )
+    uid = created["metadata"]["uid"]
+    config_map = render_config_map(request, ds_config, uid)
+    service = render_service(request, uid)
+    _create_or_adopt(
+        request,
+        f"ConfigMap {namespace}/{name}",
+        lambda: core.create_namespaced_config_map(namespace, config_map, **_RAW),
+        lambda: core.read_namespaced_config_map(name, namespace, **_RAW),
+        owner_uid=uid,
+    )
+    _create_or_adopt(
+        request,
+        f"Service {namespace}/{name}",
+        lambda: core.create_namespaced_service(namespace, service, **_RAW),
+        lambda: core.read_namespaced_service(name, namespace, **_RAW),
+        owner_uid=uid,
+    )
+    return encode_ref(namespace, name)
+
+
+def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
+    namespace, name = decode_ref(ref)
+    batch, core = _apis(profile)
+    try:
+        job = _json(
+            _call(f"read Job {ref}", lambda: batch.read_namespaced_job(name, namespace, **_RAW))
+        )
+    except NotFoundError:
+        reason = f"the Job {ref} no longer exists (deleted outside zeropilot)"
+        return BackendStatus(BackendState.LOST, native_state="NotFound", reason=reason)
+    pods = _pods_by_index(core, namespace, name)
+    conditions = true_conditions(job)
+    exit_codes = node_exit_codes(pods)
+    if conditions.keys() & {"Complete", "SuccessCriteriaMet"}:
+        tail = _log_tail(core, namespace, pods.get(0))
+        return BackendStatus(
+            BackendState.SUCCEEDED, 0, "Complete", log_tail=tail, node_exit_codes=exit_codes
+        )
+    failed = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed is not None:
+        status, culprit = failed_status(failed, pods, exit_codes)
+        status.log_tail = _log_tail(core, namespace, culprit)
+        return status
+    cannot_start = launch_error(pods)
+    if cannot_start is not None:
+        _delete_attempt(batch, core, namespace, name)  # else its pods hold their nodes for ever
+        return cannot_start
+    if job["metadata"].get("deletionTimestamp"):
+        reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
+        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
+    return active_status(profile, job, pods)
+
+
+def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
+    """Each node's log tail; with several nodes each under a ``==> pod <==`` header."""
+    namespace, name = decode_ref(ref)
+    _batch, core = _apis(profile)
+    pods = _pods_by_index(core, namespace, name)
+    parts = []
+    for index in sorted(pods):
+        text = _pod_log(core, namespace, pods[index], tail_lines)
+        header = [f"==> {pods[index]['metadata']['name']} <=="] if len(pods) > 1 else []
+        parts.append("\n".join([*header, text.rstrip("\n")]))
+    return "\n".join(parts)
+
+
+def log_path(ref: str) -> str | None:
+    return None  # the logs live with the pods; ``logs`` reads them through the API
+
+
+def cancel(profile: ClusterProfile, ref: str) -> None:
+    namespace, name = decode_ref(ref)
+    batch, core = _apis(profile)
+    _delete_attempt(batch, core, namespace, name)
+
+
+def _own_namespace() -> str | None:
+    """The namespace of the pod this worker runs in, when it runs in one."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def encode_ref(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def decode_ref(ref: str) -> tuple[str, str]:
+    namespace, sep, name = ref.partition("/")
+    if not (sep and namespace and name) or "/" in name:
+        raise PermanentError(f"not a Kubernetes backend reference: {ref!r}")
+    return namespace, name
+
+
+@functools.lru_cache(maxsize=16)
+def api_client(kubeconfig: str | None, context: str | None) -> Any:
+    """One ApiClient per way of reaching a cluster (several profiles may share one)."""
+    loader: Any = kube_config  # its functions are untyped in some client versions
+    try:
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = client.Configuration()
+            loader.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        path = os.path.expanduser(kubeconfig) if kubeconfig else None
+        return loader.new_client_from_config(
+            config_file=path, context=context, persist_config=False
+        )
+    except kube_config.ConfigException as exc:
+        raise PermanentError(f"no usable Kubernetes client configuration: {exc}") from exc
+
+
+def _apis(profile: ClusterProfile) -> tuple[Any, Any]:
+    api = api_client(profile.kubeconfig, profile.kube_context)
+    return client.BatchV1Api(api), client.CoreV1Api(api)
+
+
+def _call(what: str, request: Callable[[], Any]) -> Any:
+    """One API request, its errors translated: rejected → Permanent, unreachable → Temporary."""
+    try:
+        return request()
+    except ApiException as exc:
+        raise _translated(what, exc) from exc
+    except urllib3.exceptions.HTTPError as exc:
+        raise TemporaryError(f"{what}: the Kubernetes API did not answer ({exc})") from exc
+
+
+def _translated(what: str, exc: ApiException) -> PermanentError | TemporaryError:
+    status, reason, message = _status_of(exc)
+    text = f"{what}: {message}"
+    if status == 404:
+        return NotFoundError(text)
+    if status == 409 and reason == "AlreadyExists":
+        return AlreadyExistsError(text)
+    if status in _TEMPORARY_STATUS or status >= 500 or status == 0:
+        return TemporaryError(text, delay_s=_retry_after(exc))
+    return PermanentError(text)  # 400, 401, 403, 422: asking again gets the same answer
+
+
+def _status_of(exc: ApiException) -> tuple[int, str, str]:
+    """Code, reason and message of the ``Status`` object the API server answers errors with."""
+    status = int(exc.status or 0)
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        return status, str(body.get("reason", "")), str(body.get("message") or exc.reason)
+    return status, str(exc.reason or ""), f"HTTP {status} {exc.reason or ''}".strip()
+
+
+def _retry_after(exc: ApiException) -> float:
+    try:
+        return max(1.0, float((exc.headers or {}).get("Retry-After", 10)))
+    except (TypeError, ValueError):
+        return 10.0
+
+
+def _body(response: Any) -> bytes:
+    """The raw response's body; its connection goes back to the pool."""
+    try:
+        return bytes(response.data)
+    finally:
+        response.release_conn()
+
+
+def _json(response: Any) -> Json:
+    body = _body(response)
+    try:
+        loaded = json.loads(body)
+    except ValueError as exc:  # e.g. a proxy's HTML error page in front of the API server
+        raise TemporaryError(f"the Kubernetes API answered {body[:200]!r}, not JSON") from exc
+    if not isinstance(loaded, dict):
+        raise TemporaryError(f"the Kubernetes API answered {str(loaded)[:200]!r}, not an object")
+    return loaded
+
+
+def _create_or_adopt(
+    request: LaunchRequest,
+    what: str,
+    create: Callable[[], Any],
+    read: Callable[[], Any],
+    owner_uid: str | None = None,
+) -> Json:
+    try:
+        return _json(_call(f"create {what}", create))
+    except AlreadyExistsError:
+        pass  # an earlier submit of this attempt (a worker killed mid-launch) got this far
+    try:
+        existing = _json(_call(f"read {what}", read))
+    except NotFoundError as exc:
+        raise TemporaryError(f"{what} existed and then vanished; submit again") from exc
+    if (existing["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) != request.name:
+        raise PermanentError(f"{what} exists and was not created for attempt {request.name}")
+    owners = {ref.get("uid") for ref in existing["metadata"].get("ownerReferences") or []}
+    if owner_uid is not None and owner_uid not in owners:
+        # Left over from a Job of this name deleted since: the garbage collector removes it.
+        raise TemporaryError(f"{what} belongs to an earlier Job of that name; submit again")
+    return existing
+
+
+def _delete_attempt(batch: Any, core: Any, namespace: str, name: str) -> None:
+    """Delete the Job (its pods first: Foreground) and the objects it owns; gone is fine."""
+    _delete(f"Job {namespace}/{name}", batch.delete_namespaced_job, name, namespace, "Foreground")
+    for kind, delete in (
+        ("Service", core.delete_namespaced_service),
+        ("ConfigMap", core.delete_namespaced_config_map),
+    ):
+        _delete(f"{kind} {namespace}/{name}", delete, name, namespace, "Background")
+
+
+def _delete(what: str, delete: Any, name: str, namespace: str, propagation: str) -> None:
+    with contextlib.suppress(NotFoundError):  # already gone: collected, or deleted before
+        _call(
+            f"delete {what}",
+            lambda: delete(name, namespace, propagation_policy=propagation, **_RAW),
+        )
+
+
+def _pods_by_index(core: Any, namespace: str, name: str) -> dict[int, Json]:
+    """The Job's newest pod per completion index."""
+    listed = _json(
+        _call(
+            f"list pods of Job {namespace}/{name}",
+            lambda: core.list_namespaced_pod(
+                namespace, label_selector=f"{JOB_NAME_LABEL}={name}", **_RAW
+            ),
+        )
+    )
+    return newest_by_index(listed.get("items") or [])
+
+
+def _log_tail(core: Any, namespace: str, pod: Json | None) -> str:
+    """A pod's last lines: its log while the kubelet still has it, else its termination message."""
+    if pod is None:
+        return ""
+    return _pod_log(core, namespace, pod, POLL_TAIL_LINES) or str(
+        (terminated_state(pod) or {}).get("message") or ""
+    )
+
+
+def _pod_log(core: Any, namespace: str, pod: Json, tail_lines: int) -> str:
+    name = pod["metadata"]["name"]
+    try:
+        response = _call(
+            f"read the log of pod {namespace}/{name}",
+            lambda: core.read_namespaced_pod_log(
+                name, namespace, container=CONTAINER, tail_lines=tail_lines, **_RAW
+            ),
+        )
+    except PermanentError:  # the pod is gone, or its container has not started
+        return ""
+    return _body(response).decode(errors="replace")

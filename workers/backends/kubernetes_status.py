@@ -1,0 +1,223 @@
+"""Reading a Kubernetes Job and its pods (plain API JSON) into a backend status; no API calls.
+
+Pods are keyed by completion index (the node rank). A failed Job is explained by its most
+specific cause: the deadline, a disrupted pod (preemption, eviction, node loss), an OOM-killed
+container, the pod the Job controller names, or the pod that failed first.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from service.core.clusters import ClusterProfile
+from workers.backends.base import BackendState, BackendStatus
+from workers.backends.kubernetes_render import CONTAINER
+
+Json = dict[str, Any]
+
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Container waiting reasons that no wait will cure: the image or the container config is wrong.
+LAUNCH_ERRORS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+POD_IN_MESSAGE = re.compile(r"\b[Pp]od [a-z0-9-]+/([a-z0-9.-]+)")
+SIGTERM_EXIT = 143  # how a rank ends when the Job controller stops the pods after a failure
+STARTED = frozenset({"Running", "Succeeded"})
+
+
+def newest_by_index(pods: list[Json]) -> dict[int, Json]:
+    """The newest pod per completion index."""
+    by_index: dict[int, Json] = {}
+    for pod in pods:
+        index = completion_index(pod)
+        if index is None:
+            continue
+        known = by_index.get(index)
+        if known is None or created_at(pod) >= created_at(known):
+            by_index[index] = pod
+    return by_index
+
+
+def completion_index(pod: Json) -> int | None:
+    metadata = pod.get("metadata") or {}
+    text = (metadata.get("annotations") or {}).get(INDEX_ANNOTATION) or (
+        metadata.get("labels") or {}
+    ).get(INDEX_ANNOTATION)
+    return int(text) if text is not None and str(text).isdigit() else None
+
+
+def created_at(pod: Json) -> str:
+    return str(pod["metadata"].get("creationTimestamp") or "")  # RFC 3339 in UTC: sortable
+
+
+def true_conditions(obj: Json) -> dict[str, Json]:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in conditions if c.get("status") == "True"}
+
+
+def trainer_status(pod: Json) -> Json:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == CONTAINER), {})
+
+
+def terminated_state(pod: Json) -> Json | None:
+    terminated: Json | None = (trainer_status(pod).get("state") or {}).get("terminated")
+    return terminated
+
+
+def waiting_state(pod: Json) -> Json | None:
+    waiting: Json | None = (trainer_status(pod).get("state") or {}).get("waiting")
+    return waiting
+
+
+def node_exit_codes(pods: dict[int, Json]) -> dict[int, int]:
+    codes = {}
+    for index, pod in pods.items():
+        terminated = terminated_state(pod)
+        if terminated is not None and terminated.get("exitCode") is not None:
+            codes[index] = int(terminated["exitCode"])
+    return codes
+
+
+def pod_with_condition(pods: dict[int, Json], condition: str) -> Json | None:
+    return next((pods[i] for i in sorted(pods) if condition in true_conditions(pods[i])), None)
+
+
+def oom_killed_pod(pods: dict[int, Json]) -> Json | None:
+    return next(
+        (
+            pods[i]
+            for i in sorted(pods)
+            if (terminated_state(pods[i]) or {}).get("reason") == "OOMKilled"
+        ),
+        None,
+    )
+
+
+def named_pod(pods: dict[int, Json], message: str) -> Json | None:
+    """The pod a podFailurePolicy message names ("Container trainer for pod ns/name ...")."""
+    named = {match[1] for match in POD_IN_MESSAGE.finditer(message)}
+    return next((p for p in pods.values() if p["metadata"]["name"] in named), None)
+
+
+def failing_pod(pods: dict[int, Json]) -> Json | None:
+    """The pod that most likely failed first: a failed one not merely stopped (SIGTERM) after
+    the others, the earliest to finish (whole seconds: ties are common), the lowest index."""
+    failing = []
+    for index, pod in pods.items():
+        terminated = terminated_state(pod) or {}
+        code = terminated.get("exitCode", 0)
+        if code != 0 or (pod.get("status") or {}).get("phase") == "Failed":
+            stopped = code == SIGTERM_EXIT
+            failing.append((stopped, str(terminated.get("finishedAt") or "~"), index, pod))
+    return min(failing, key=lambda item: item[:3])[3] if failing else None
+
+
+def pod_reason(pod: Json | None) -> str:
+    return str(((pod or {}).get("status") or {}).get("reason") or "")  # e.g. Evicted
+
+
+def launch_error(pods: dict[int, Json]) -> BackendStatus | None:
+    for index in sorted(pods):
+        waiting = waiting_state(pods[index])
+        if waiting is not None and waiting.get("reason") in LAUNCH_ERRORS:
+            name = pods[index]["metadata"]["name"]
+            reason = (
+                f"pod {name} (node {index}) cannot start: {waiting['reason']}: "
+                f"{waiting.get('message', '')}; zeropilot deleted the Job"
+            )
+            return BackendStatus(BackendState.FAILED, native_state=waiting["reason"], reason=reason)
+    return None
+
+
+def active_status(profile: ClusterProfile, job: Json, pods: dict[int, Json]) -> BackendStatus:
+    """RUNNING once every node's pod runs; else PENDING with what the first one waits for."""
+    nodes = int(job["spec"].get("completions") or 1)
+    if job["spec"].get("suspend"):
+        where = f"waiting in queue {profile.queue}" if profile.queue else "the Job is suspended"
+        return BackendStatus(BackendState.PENDING, native_state="Suspended", reason=where)
+    started = {i for i, p in pods.items() if p.get("status", {}).get("phase") in STARTED}
+    if len(started) >= nodes:
+        return BackendStatus(BackendState.RUNNING, native_state="Running")
+    for index in range(nodes):
+        if index in started:
+            continue
+        pod = pods.get(index)
+        if pod is None:
+            reason = f"node {index}: the Job controller has not created its pod yet"
+            return BackendStatus(BackendState.PENDING, native_state="Pending", reason=reason)
+        native_state, why = pending_reason(pod)
+        reason = f"{len(started)} of {nodes} pods running; pod {pod['metadata']['name']}: {why}"
+        return BackendStatus(BackendState.PENDING, native_state=native_state, reason=reason)
+    return BackendStatus(BackendState.PENDING, native_state="Pending")
+
+
+def pending_reason(pod: Json) -> tuple[str, str]:
+    unscheduled = next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ),
+        None,
+    )
+    if unscheduled is not None:
+        reason = str(unscheduled.get("reason") or "Unschedulable")
+        return reason, f"{reason}: {unscheduled.get('message', '')}".rstrip(": ")
+    waiting = waiting_state(pod)
+    if waiting is not None and waiting.get("reason"):
+        reason = str(waiting["reason"])
+        return reason, f"{reason}: {waiting.get('message', '')}".rstrip(": ")
+    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    return phase, phase
+
+
+def failed_status(
+    failed: Json, pods: dict[int, Json], exit_codes: dict[int, int]
+) -> tuple[BackendStatus, Json | None]:
+    """Why the Job failed, most specific first: its deadline, a disruption, an OOM kill; and the
+    pod whose log tells more (the caller reads it)."""
+    job_reason = str(failed.get("reason") or "Failed")
+    words = [f"{job_reason}: {failed.get('message') or ''}".rstrip(": ")]
+    disrupted = pod_with_condition(pods, "DisruptionTarget")
+    # Once one rank is OOM-killed the others fail too (NCCL errors, the Job stopping them).
+    culprit = (
+        disrupted
+        or oom_killed_pod(pods)
+        or named_pod(pods, str(failed.get("message") or ""))
+        or failing_pod(pods)
+    )
+    terminated = (terminated_state(culprit) if culprit is not None else None) or {}
+    if job_reason == "DeadlineExceeded":
+        native_state = job_reason
+    elif disrupted is not None:
+        native_state = "DisruptionTarget"
+        condition = true_conditions(disrupted)["DisruptionTarget"]
+        words.append(
+            f"pod {disrupted['metadata']['name']} disrupted: "
+            f"{condition.get('reason', '')}: {condition.get('message', '')}"
+        )
+    else:
+        native_state = str(terminated.get("reason") or pod_reason(culprit) or job_reason)
+    if culprit is not None and terminated:
+        words.append(
+            f"pod {culprit['metadata']['name']} (node {completion_index(culprit)}) exited "
+            f"{terminated.get('exitCode')} ({terminated.get('reason', '')})"
+        )
+    exit_code = terminated.get("exitCode")
+    status = BackendStatus(
+        BackendState.FAILED,
+        exit_code=int(exit_code) if exit_code is not None else None,
+        native_state=native_state,
+        reason="; ".join(words),
+        node_exit_codes=exit_codes,
+    )
+    return status, culprit or pods.get(0)
