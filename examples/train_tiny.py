@@ -17,7 +17,8 @@ import deepspeed
 import torch
 from torch import nn
 
-from zeropilot.runtime import Reporter, checkpoint_dir, resume_from
+from zeropilot.resume_weights import load_weights
+from zeropilot.runtime import Reporter, ResumePoint, checkpoint_dir, resume_point
 
 
 class Block(nn.Module):
@@ -72,19 +73,18 @@ def memory_peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def load_resume_point(engine: deepspeed.DeepSpeedEngine, path: str) -> int:
-    """Load the checkpoint zeropilot chose; module weights only when ZeRO partitioning changed."""
-    folder, tag = os.path.split(path.rstrip("/"))
-    module_only = os.environ.get("ZEROPILOT_RESUME_METHOD") == "module-only"
+def load_resume_point(engine: deepspeed.DeepSpeedEngine, resume: ResumePoint) -> int:
+    """Load the checkpoint zeropilot chose through the engine (see zeropilot.runtime)."""
+    full = resume.load_optimizer_states
     _, client_state = engine.load_checkpoint(
-        folder,
-        tag=tag,
-        load_module_only=module_only,
-        load_optimizer_states=not module_only,
-        load_lr_scheduler_states=not module_only,
+        resume.load_dir,
+        tag=resume.tag,
+        load_module_only=not full,
+        load_optimizer_states=full,
+        load_lr_scheduler_states=full,
     )
     step = int((client_state or {}).get("step", 0))
-    print(f"resumed from {path} at step {step} ({'module only' if module_only else 'full'})")
+    print(f"resumed from {resume.load_dir}/{resume.tag} at step {step} ({resume.method})")
     return step
 
 
@@ -120,15 +120,19 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     reporter = Reporter.from_env()
+    resume = resume_point()  # before the engine: a universal resume converts the checkpoint first
     deepspeed.init_distributed()
     torch.manual_seed(0)
     model = TinyGPT(args)
+    start_step = 0
+    if resume is not None and resume.before_engine:
+        start_step = load_weights(model, resume)
+        print(f"resumed from {resume.load_dir}/{resume.tag} at step {start_step} (weights)")
     engine, _, _, _ = deepspeed.initialize(
         args=args, model=model, model_parameters=model.parameters()
     )
     save_dir = checkpoint_dir()
-    start_step = 0
-    if resume := resume_from():
+    if resume is not None and not resume.before_engine:
         start_step = load_resume_point(engine, resume)
     rank = torch.distributed.get_rank()
     generator = torch.Generator().manual_seed(1234 + rank)

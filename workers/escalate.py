@@ -36,7 +36,10 @@ def escalate(
     if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {description}"):
         return None
     checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    method = resume_method(current, candidate) if checkpoint else None
     plan = candidate.model_dump(mode="json")
+    if method == "universal":  # the engine must be built to load one
+        plan["ds_config"]["checkpoint"] = {"load_universal": True}
     number = attempt.number + 1
     new = add_attempt(
         session,
@@ -46,7 +49,7 @@ def escalate(
         rung=description,
         backend=profile.kind,
         resumed_from=checkpoint.path if checkpoint else None,
-        resume_method=resume_method(current, candidate) if checkpoint else None,
+        resume_method=method,
     )
     move_job(
         session,
@@ -61,5 +64,17 @@ def escalate(
 
 
 def resume_method(previous: Candidate, following: Candidate) -> str:
-    """Native when the ZeRO partitioning is unchanged; otherwise the model weights only."""
-    return "native" if previous.zero_stage == following.zero_stage else "module-only"
+    """How the next attempt loads the last checkpoint (see zeropilot.runtime.ResumePoint).
+
+    Native when the ZeRO partitioning is unchanged. Between ZeRO-1 and 2, DeepSpeed's universal
+    checkpoint re-partitions the fp32 weights and optimizer states. DeepSpeed 0.19.8 cannot load
+    a universal checkpoint of a ZeRO-1/2 run into ZeRO-3 (its stage-3 loader wants its own
+    optimizer file) and keeps no optimizer partitions at ZeRO-0 to convert (both measured), so
+    those resume from the consolidated weights with a fresh optimizer.
+    """
+    before, after = previous.zero_stage, following.zero_stage
+    if before == after:
+        return "native"
+    if {before, after} <= {1, 2}:
+        return "universal"
+    return "weights"

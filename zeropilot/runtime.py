@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -121,3 +124,87 @@ def checkpoint_dir(default: str = "checkpoints") -> str:
 def resume_from() -> str | None:
     """The checkpoint folder this attempt should resume from, if zeropilot chose one."""
     return os.environ.get("ZEROPILOT_RESUME_FROM") or None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where and how this attempt resumes.
+
+    ``method``, chosen by zeropilot from the ZeRO stages before and after:
+
+    - ``native``: the same partitioning: ``engine.load_checkpoint(load_dir, tag=tag)``;
+    - ``universal``: ZeRO-1 and 2 between them: the same call on a universal checkpoint (the
+      ds_config zeropilot rendered sets ``checkpoint.load_universal``), optimizer states kept;
+    - ``weights``: to ZeRO-3, or from ZeRO-0, where DeepSpeed 0.19 converts nothing: call
+      ``zeropilot.resume_weights.load_weights(model, point)`` before ``deepspeed.initialize``;
+      the optimizer starts afresh.
+    """
+
+    load_dir: str
+    tag: str
+    method: str
+
+    @property
+    def load_optimizer_states(self) -> bool:
+        return self.method in ("native", "universal")
+
+    @property
+    def before_engine(self) -> bool:
+        """The weights go into the model before ``deepspeed.initialize``, not through it."""
+        return self.method == "weights"
+
+
+UNIVERSAL_SUFFIX = "_universal"
+_CONVERTED_MARKER = ".zeropilot-converted"
+
+
+def resume_point(wait_s: float = 3600.0) -> ResumePoint | None:
+    """Where this attempt resumes from, converted first when the method is ``universal``.
+
+    Call it on every rank before loading. Global rank 0 converts the checkpoint with DeepSpeed's
+    ``ds_to_universal`` into ``<tag>_universal`` beside it (once: a finished conversion is marked);
+    the other ranks wait for the mark, so the checkpoint folder must be shared by all nodes.
+    """
+    path = resume_from()
+    if path is None:
+        return None
+    load_dir, tag = os.path.split(path.rstrip("/"))
+    method = os.environ.get("ZEROPILOT_RESUME_METHOD", "native")
+    if method != "universal":
+        return ResumePoint(load_dir, tag, method)
+    universal = os.path.join(load_dir, tag + UNIVERSAL_SUFFIX)
+    if os.environ.get("RANK", "0") == "0":
+        convert_to_universal(os.path.join(load_dir, tag), universal)
+    else:
+        _wait_for(os.path.join(universal, _CONVERTED_MARKER), wait_s)
+    return ResumePoint(load_dir, tag + UNIVERSAL_SUFFIX, method)
+
+
+def convert_to_universal(source: str, target: str) -> None:
+    """DeepSpeed's ``ds_to_universal`` from ``source`` into ``target``; a no-op when done."""
+    marker = os.path.join(target, _CONVERTED_MARKER)
+    if os.path.exists(marker):
+        return
+    if os.path.isdir(target):  # a conversion that died midway: start over
+        shutil.rmtree(target)
+    command = [
+        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder", source, "--output_folder", target,
+        "--inject_missing_state",  # the universal info Megatron records; plain models lack it
+    ]  # fmt: skip
+    print(f"zeropilot: converting {source} to a universal checkpoint", flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"ds_to_universal failed ({done.returncode}) on {source}:\n{done.stderr[-4000:]}"
+        )
+    with open(marker, "w") as out:
+        out.write(source + "\n")
+
+
+def _wait_for(path: str, wait_s: float) -> None:
+    give_up = time.monotonic() + wait_s
+    while not os.path.exists(path):
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"no {path} after {wait_s:.0f} s: is the checkpoint folder shared?")
+        time.sleep(2.0)
