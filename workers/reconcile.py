@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from sqlmodel import Session, col, select
 
-from service.core.failures import FailureClass, classify_failure
+from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Job, utcnow
@@ -144,13 +144,7 @@ def _mark_succeeded(session: Session, job: Job, attempt: Attempt, status: Backen
 def _mark_failed(
     session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
 ) -> str | None:
-    failure = classify_failure(
-        exit_code=status.exit_code,
-        native_state=status.native_state,
-        reason=status.reason,
-        log_tail=status.log_tail,
-        runtime_tag=attempt.runtime_failure_tag,
-    )
+    failure = status.failure_class(attempt.runtime_failure_tag)
     if status.state == BackendState.LOST and failure == FailureClass.USER_ERROR:
         failure = FailureClass.NODE_LOST
     summary = _failure_summary(failure, status)

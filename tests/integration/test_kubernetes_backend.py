@@ -18,7 +18,7 @@ import yaml
 from sqlmodel import Session
 
 from service.core.clusters import ClusterProfile
-from service.core.failures import FailureClass, classify_failure
+from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
@@ -37,7 +37,6 @@ from tests.integration.k8s_loopback import (
 from workers.backends import get_backend, kubernetes
 from workers.backends.base import (
     BackendState,
-    BackendStatus,
     LaunchRequest,
     PermanentError,
     TemporaryError,
@@ -132,16 +131,6 @@ def completed(cluster: LoopbackApiServer, name: str = NAME) -> None:
 
 def failed(cluster: LoopbackApiServer, reason: str, message: str) -> None:
     cluster.set_job_condition(NS, NAME, "Failed", reason, message)
-
-
-def classify(status: BackendStatus) -> FailureClass:
-    return classify_failure(
-        exit_code=status.exit_code,
-        native_state=status.native_state,
-        reason=status.reason,
-        log_tail=status.log_tail,
-        runtime_tag=None,
-    )
 
 
 def creates(cluster: LoopbackApiServer) -> int:
@@ -440,7 +429,7 @@ def test_an_oom_killed_container_is_host_out_of_memory(
     )  # fmt: skip
     assert status.node_exit_codes == {0: 1, 1: 137}
     assert f"pod {second} (node 1) exited 137 (OOMKilled)" in status.reason
-    assert classify(status) == FailureClass.OOM_HOST
+    assert status.failure_class() == FailureClass.OOM_HOST
 
 
 def test_a_cuda_out_of_memory_in_the_log_is_gpu_out_of_memory(
@@ -464,7 +453,7 @@ def test_a_cuda_out_of_memory_in_the_log_is_gpu_out_of_memory(
     assert "CUDA out of memory" in status.log_tail
     message = cluster.read("pods", NS, second)["status"]["containerStatuses"][0]["state"]
     assert "CUDA out of memory" in message["terminated"]["message"]  # FallbackToLogsOnError
-    assert classify(status) == FailureClass.OOM_GPU
+    assert status.failure_class() == FailureClass.OOM_GPU
 
 
 def test_a_preempted_pod_is_a_lost_node(
@@ -487,7 +476,7 @@ def test_a_preempted_pod_is_a_lost_node(
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "DisruptionTarget")
     assert "PreemptionByScheduler" in status.reason
-    assert classify(status) == FailureClass.NODE_LOST
+    assert status.failure_class() == FailureClass.NODE_LOST
 
 
 def test_a_job_past_its_deadline_is_a_timeout(
@@ -502,7 +491,7 @@ def test_a_job_past_its_deadline_is_a_timeout(
     status = kubernetes.poll(profile, ref)
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "DeadlineExceeded")
-    assert classify(status) == FailureClass.TIMEOUT
+    assert status.failure_class() == FailureClass.TIMEOUT
 
 
 def test_a_plain_non_zero_exit_is_the_users_error(
@@ -522,7 +511,7 @@ def test_a_plain_non_zero_exit_is_the_users_error(
     )  # fmt: skip
     assert status.node_exit_codes == {0: 143, 1: 3}
     assert "KeyError: 'input_ids'" in status.log_tail
-    assert classify(status) == FailureClass.USER_ERROR
+    assert status.failure_class() == FailureClass.USER_ERROR
 
 
 def test_a_missing_executable_is_a_launch_error(
@@ -541,7 +530,7 @@ def test_a_missing_executable_is_a_launch_error(
 
     assert (status.native_state, status.exit_code) == ("StartError", 128)
     assert "executable file not found" in status.log_tail
-    assert classify(status) == FailureClass.LAUNCH_ERROR
+    assert status.failure_class() == FailureClass.LAUNCH_ERROR
 
 
 def test_an_image_that_cannot_be_pulled_is_a_launch_error_and_frees_the_nodes(
@@ -558,7 +547,7 @@ def test_an_image_that_cannot_be_pulled_is_a_launch_error_and_frees_the_nodes(
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "ImagePullBackOff")
     assert 'Back-off pulling image "registry.example/train:nope"' in status.reason
-    assert classify(status) == FailureClass.LAUNCH_ERROR
+    assert status.failure_class() == FailureClass.LAUNCH_ERROR
     assert [cluster.names(k, NS) for k in ("jobs", "pods", "services", "configmaps")] == [[]] * 4
 
 
@@ -601,7 +590,8 @@ def test_a_job_held_by_a_finalizer_reads_as_cancelled_while_it_goes(
     kubernetes.cancel(profile, ref)
     status = kubernetes.poll(profile, ref)
 
-    assert (status.state, classify(status)) == (BackendState.CANCELLED, FailureClass.CANCELLED)
+    assert status.state == BackendState.CANCELLED
+    assert status.failure_class() == FailureClass.CANCELLED
     assert cluster.names("pods", NS) == []
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from service.core.clusters import ClusterProfile
-from service.core.failures import FailureClass, classify_failure
+from service.core.failures import FailureClass
 from workers.backends import slurm
-from workers.backends.base import BackendState, BackendStatus, LaunchRequest, PermanentError
+from workers.backends.base import BackendState, LaunchRequest, PermanentError
 from workers.backends.slurm_commands import parse_fields
 
 from .slurm_fixtures import (
@@ -56,16 +56,6 @@ def sleeping_probe(
         folder, profile, name=name, entrypoint=probe, nodes=nodes, procs_per_node=1,
         env={"PROBE_DIR": str(folder), "PROBE_SLEEP_S": "600"}, **changes,
     )  # fmt: skip
-
-
-def classify(status: BackendStatus) -> FailureClass:
-    return classify_failure(
-        exit_code=status.exit_code,
-        native_state=status.native_state,
-        reason=status.reason,
-        log_tail=status.log_tail,
-        runtime_tag=None,
-    )
 
 
 def test_tiny_deepspeed_job_trains_to_succeeded_with_a_checkpoint(
@@ -119,7 +109,7 @@ def test_cancel_stops_every_process_of_a_running_job(
     status = wait_for(profile, ref)
 
     assert (status.state, status.native_state) == (BackendState.CANCELLED, "CANCELLED")
-    assert classify(status) == FailureClass.CANCELLED
+    assert status.failure_class() == FailureClass.CANCELLED
     leftovers = subprocess.run(
         ["pgrep", "-f", str(request.ds_config_path)], capture_output=True, text=True
     )
@@ -143,7 +133,7 @@ def test_failing_command_is_failed_with_its_exit_code(
         BackendState.FAILED, 3, "FAILED",
     )  # fmt: skip
     assert status.node_exit_codes == {0: 3}
-    assert classify(status) == FailureClass.USER_ERROR
+    assert status.failure_class() == FailureClass.USER_ERROR
 
 
 def test_job_over_its_memory_limit_is_killed_and_classified_host_oom(
@@ -158,7 +148,7 @@ def test_job_over_its_memory_limit_is_killed_and_classified_host_oom(
     assert status.state == BackendState.FAILED
     assert "oom-kill in step" in status.reason
     assert "the memory limit was not enforced" not in status.log_tail
-    assert classify(status) == FailureClass.OOM_HOST
+    assert status.failure_class() == FailureClass.OOM_HOST
 
 
 def test_allocator_failure_is_classified_gpu_oom(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
@@ -172,7 +162,7 @@ def test_allocator_failure_is_classified_gpu_oom(slurm_cluster: LocalSlurm, tmp_
 
     assert status.state == BackendState.FAILED
     assert "ZEROPILOT_FAILURE_CLASS=OOM_GPU" in status.log_tail
-    assert classify(status) == FailureClass.OOM_GPU
+    assert status.failure_class() == FailureClass.OOM_GPU
 
 
 EVIL_VALUES = (
@@ -318,7 +308,7 @@ def test_node_failure_is_reported_as_node_lost(slurm_cluster: LocalSlurm, tmp_pa
         slurm_cluster.wait_until_up()  # the node's slurmd still answers: it comes back
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "NODE_FAIL")
-    assert classify(status) == FailureClass.NODE_LOST
+    assert status.failure_class() == FailureClass.NODE_LOST
 
 
 def test_time_limit_warns_the_training_then_ends_as_timeout(
@@ -330,6 +320,6 @@ def test_time_limit_warns_the_training_then_ends_as_timeout(
     status = wait_for(profile, ref, deadline_s=TIME_LIMIT_S + 240)
 
     assert (status.state, status.native_state) == (BackendState.FAILED, "TIMEOUT")
-    assert classify(status) == FailureClass.TIMEOUT
+    assert status.failure_class() == FailureClass.TIMEOUT
     # USR1 came before the limit; the training got it and the launchers ignored it.
     assert (folder / "usr1-0").exists()

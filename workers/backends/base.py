@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from service.core.clusters import ClusterProfile
+from service.core.failures import FailureClass, classify_failure
 
 
 class PermanentError(Exception):
@@ -68,6 +69,16 @@ class BackendStatus:
     reason: str = ""  # human words: a pending reason, a termination message
     log_tail: str = ""
     node_exit_codes: dict[int, int] = field(default_factory=dict)
+
+    def failure_class(self, runtime_tag: str | None = None) -> FailureClass:
+        """What ended the run, from everything the backend saw and the runtime's own tag."""
+        return classify_failure(
+            exit_code=self.exit_code,
+            native_state=self.native_state,
+            reason=self.reason,
+            log_tail=self.log_tail,
+            runtime_tag=runtime_tag,
+        )
 
 
 class Backend(Protocol):
