@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
+from service.db.admission import admit_pending
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
@@ -31,6 +32,10 @@ _ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
 
 
 def reconcile(settings: Settings) -> None:
+    with session_scope(settings.database_url) as session:  # GPUs released since: admit more
+        admitted = admit_pending(session, settings.cluster_profiles())
+    for attempt_id in admitted:
+        send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     for attempt_id in _stale_launches(settings):
         log.warning(
             "re-sending the launch of attempt %s (no progress within the lease)", attempt_id

@@ -8,40 +8,30 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.table import Table
 
-from zeropilot import credentials
 from zeropilot.cli_advice import advise_command, lint_command
-from zeropilot.cli_common import JsonOpt, console, fail, print_json, read_mapping
-from zeropilot.client import ApiError, Client, format_detail
+from zeropilot.cli_common import (
+    JsonOpt,
+    api_client,
+    call_api,
+    console,
+    print_json,
+    read_mapping,
+)
+from zeropilot.cli_teams import teams_app
+from zeropilot.client import Client
 
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
 users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_args_is_help=True)
 app.add_typer(users_app, name="users")
+app.add_typer(teams_app, name="teams")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 HEARTBEAT_S = 20.0
-
-
-def _client() -> Client:
-    url, token = credentials.resolve()
-    return Client(url, token)
-
-
-def _api(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call the API; map its errors to a message and an exit code (2 for bad input)."""
-    try:
-        return call(*args, **kwargs)
-    except ApiError as exc:
-        code = 2 if exc.status_code == 422 else 1
-        fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
-    except httpx.TransportError as exc:
-        url = credentials.resolve()[0]
-        fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -63,8 +53,8 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training job. With --wait, exit 0 only if it SUCCEEDED."""
-    client = _client()
-    job = _api(client.submit, load_spec(file), idempotency_key or str(uuid.uuid4()))
+    client = api_client()
+    job = call_api(client.submit, load_spec(file), idempotency_key or str(uuid.uuid4()))
     if not as_json:
         console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['status']}")
         _print_plan(job["plan"], job.get("advice_reason", ""))
@@ -91,10 +81,10 @@ def _print_plan(plan: dict[str, Any], reason: str) -> None:
 
 def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> dict[str, Any]:
     """Print status changes and each new step until the job ends; return the final job."""
-    seen_events, last_metric, last_heartbeat = 0, 0, ""
+    seen_events, last_metric, last_heartbeat, last_wait = 0, 0, "", ""
     quiet_since = time.monotonic()
     while True:
-        job: dict[str, Any] = _api(client.get_job, job_id)
+        job: dict[str, Any] = call_api(client.get_job, job_id)
         for event in job["events"][seen_events:]:
             if not quiet and event["subject"] == "job":
                 stamp = event["created_at"][11:19]
@@ -102,7 +92,10 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
                     f"{stamp} {event['to_status']:<10} {event['reason']}", highlight=False
                 )
         seen_events = len(job["events"])
-        for point in _api(client.metrics, job_id, last_metric):
+        if not quiet and job["status"] == "PENDING" and job["message"] != last_wait:
+            last_wait = job["message"]  # why admission holds it (quota, cluster cap), once
+            console.print(f"         ... {last_wait}", highlight=False)
+        for point in call_api(client.metrics, job_id, last_metric):
             last_metric, quiet_since = point["id"], time.monotonic()
             if not quiet:
                 console.print(_metric_line(point), highlight=False)
@@ -117,7 +110,7 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
 def _print_heartbeat(client: Client, job: dict[str, Any], previous: str) -> str:
     """On a long silence, say what the job is doing: its pending reason or last log line."""
     attempt = job["attempts"][-1] if job["attempts"] else {}
-    text, _ = _api(client.logs, job["id"], 1)
+    text, _ = call_api(client.logs, job["id"], 1)
     last_line = text.strip().splitlines()[-1][:160] if text.strip() else ""
     detail = attempt.get("failure_message") or last_line or "no output yet"
     line = f"         ... {job['status']}: {detail}"
@@ -142,7 +135,7 @@ def list_jobs(
     as_json: JsonOpt = False,
 ) -> None:
     """Your team's jobs, newest first."""
-    page = _api(_client().list_jobs, status.upper() if status else None, limit)
+    page = call_api(api_client().list_jobs, status.upper() if status else None, limit)
     if as_json:
         print_json(page)
         return
@@ -163,7 +156,7 @@ def list_jobs(
 @app.command()
 def status(job_id: str, as_json: JsonOpt = False) -> None:
     """One job: its plan, attempts, recent events, last metrics and checkpoints."""
-    job = _api(_client().get_job, job_id)
+    job = call_api(api_client().get_job, job_id)
     if as_json:
         print_json(job)
         return
@@ -198,18 +191,18 @@ def logs(
     attempt: Annotated[int | None, typer.Option(help="Attempt number (default: current).")] = None,
 ) -> None:
     """The log of a job's attempt."""
-    client = _client()
-    text, offset = _api(client.logs, job_id, tail, None, attempt)
+    client = api_client()
+    text, offset = call_api(client.logs, job_id, tail, None, attempt)
     sys.stdout.write(text)
     if not follow:
         return
     offset = offset or 0
     while True:
-        chunk, next_offset = _api(client.logs, job_id, tail, offset, attempt)
+        chunk, next_offset = call_api(client.logs, job_id, tail, offset, attempt)
         sys.stdout.write(chunk)
         sys.stdout.flush()
         offset = next_offset if next_offset is not None else offset
-        if not chunk and _api(client.get_job, job_id)["status"] in TERMINAL:
+        if not chunk and call_api(client.get_job, job_id)["status"] in TERMINAL:
             return
         time.sleep(1.0)
 
@@ -217,7 +210,7 @@ def logs(
 @app.command()
 def cancel(job_id: str, as_json: JsonOpt = False) -> None:
     """Cancel a job; its processes on the cluster are stopped."""
-    job = _api(_client().cancel, job_id)
+    job = call_api(api_client().cancel, job_id)
     if as_json:
         print_json(job)
     else:
@@ -227,7 +220,7 @@ def cancel(job_id: str, as_json: JsonOpt = False) -> None:
 @app.command()
 def metrics(job_id: str, as_json: JsonOpt = False) -> None:
     """Every metric point a job's training reported."""
-    points = _api(_client().metrics, job_id)
+    points = call_api(api_client().metrics, job_id)
     if as_json:
         print_json(points)
         return
@@ -247,7 +240,7 @@ def create_user(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a user; its token is printed once."""
-    user = _api(_client().create_user, name, team, admin)
+    user = call_api(api_client().create_user, name, team, admin)
     if as_json:
         print_json(user)
     else:

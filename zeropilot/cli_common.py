@@ -1,4 +1,5 @@
-"""What every CLI command shares: the consoles, failing with an exit code, reading spec files."""
+"""What every CLI command shares: the consoles, failing with an exit code, reading spec files,
+and calling the API with its errors turned into messages."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import httpx
 import typer
 import yaml
 from rich.console import Console
+
+from zeropilot import credentials
+from zeropilot.client import ApiError, Client, format_detail
 
 # soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
 console = Console(soft_wrap=True)
@@ -39,3 +44,20 @@ def read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         fail(f"{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
     return data
+
+
+def api_client() -> Client:
+    url, token = credentials.resolve()
+    return Client(url, token)
+
+
+def call_api(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the API; map its errors to a message and an exit code (2 for bad input)."""
+    try:
+        return call(*args, **kwargs)
+    except ApiError as exc:
+        code = 2 if exc.status_code == 422 else 1
+        fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
+    except httpx.TransportError as exc:
+        url = credentials.resolve()[0]
+        fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")

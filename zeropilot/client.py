@@ -80,6 +80,12 @@ class Client:
         body = {"name": name, "team": team, "is_admin": is_admin}
         return self._call("POST", "/v1/users", json=body)
 
+    def teams(self) -> list[dict[str, Any]]:
+        return cast(list[dict[str, Any]], self._send("GET", "/v1/teams").json())
+
+    def update_team(self, name: str, **fields: Any) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/teams/{name}", json=fields)
+
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 

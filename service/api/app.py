@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI
 
 from service.api.deps import get_current_user
-from service.api.routes import advice, health, jobs, runtime, users
+from service.api.routes import advice, health, jobs, runtime, teams, users
 from service.settings import Settings, get_settings
 
 
@@ -16,7 +16,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Run DeepSpeed training jobs on shared GPU clusters.",
     )
     app.state.settings = settings = settings or get_settings()
-    for module in (health, jobs, runtime, users):
+    for module in (health, jobs, runtime, teams, users):
         app.include_router(module.router)
     # Advice is pure computation, but still only for known users, on the configured clusters.
     app.include_router(advice.router, dependencies=[Depends(get_current_user)])

@@ -138,3 +138,19 @@ class Me(BaseModel):
     name: str
     team: str
     is_admin: bool
+
+
+class TeamPublic(BaseModel):
+    name: str
+    gpu_quota: int | None  # GPUs its admitted jobs may hold at once; null: no limit
+    gpu_share: int  # fair-share weight
+    gpus_held: int  # by its admitted, unfinished jobs
+    jobs_waiting: int  # PENDING, waiting for admission
+
+
+class TeamUpdate(BaseModel):
+    """Fields left out stay as they are; ``gpu_quota: null`` removes the limit."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_quota: int | None = Field(default=None, ge=1)
+    gpu_share: int = Field(default=1, ge=1, le=1000)

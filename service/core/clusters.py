@@ -35,6 +35,8 @@ class ClusterProfile(BaseModel):
     gpus_per_node: int = Field(default=2, gt=0)
     cpu_memory_gib: float = Field(default=16.0, gt=0)  # per node
     max_nodes: int = Field(default=1, gt=0)
+    # GPUs zeropilot admits onto this cluster at once (teams share them fairly); None: no cap.
+    max_gpus: int | None = Field(default=None, gt=0)
     nccl_env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(
         default_factory=dict
     )

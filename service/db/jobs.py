@@ -13,7 +13,7 @@ from sqlmodel import Session, col, func, select
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Checkpoint, Job, JobEvent, MetricPoint, User, new_id
-from service.db.transitions import move_job, record_created
+from service.db.transitions import record_created
 
 
 class IdempotencyConflict(Exception):
@@ -40,7 +40,8 @@ def create_job(
     backend: str,
     idempotency_key: str | None,
 ) -> tuple[Job, bool]:
-    """Store a job with attempt 1 and admit it to QUEUED; return (job, created).
+    """Store a job, PENDING, with attempt 1; return (job, created). Admission (see
+    ``service.db.admission``) moves it on.
 
     With an Idempotency-Key already used by this team, the existing job comes back instead.
     """
@@ -72,7 +73,6 @@ def create_job(
         return _same_spec_or_conflict(existing, digest), False
     record_created(session, job, f"submitted by {user.name}")
     add_attempt(session, job, number=1, plan=plan, rung="advisor", backend=backend)
-    move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted")
     return job, True
 
 

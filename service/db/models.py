@@ -28,7 +28,16 @@ def new_id() -> str:
 class Team(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(unique=True, index=True, max_length=64)
+    gpu_quota: int | None = None  # GPUs its admitted jobs may hold at once; None: no limit
+    gpu_share: int = 1  # fair-share weight among teams waiting for the same cluster
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class AdmissionTurn(SQLModel, table=True):
+    """One row; every admission pass updates it first, so passes run one at a time."""
+
+    id: int = Field(default=1, primary_key=True)
+    turns: int = Field(default=0, sa_type=BigInteger)
 
 
 class User(SQLModel, table=True):

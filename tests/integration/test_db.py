@@ -13,6 +13,7 @@ from sqlmodel import Session, select
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
+from service.db.admission import admit_pending
 from service.db.migrate import check, is_at_head
 from service.db.models import Job, JobEvent, User
 from service.db.session import get_engine
@@ -33,7 +34,9 @@ def make_job(session: Session, user: User, key: str | None = None, name: str = "
         backend="local",
         idempotency_key=key,
     )
+    admit_pending(session, {})  # as the API does right after storing it
     session.commit()
+    session.refresh(job)
     return job
 
 
@@ -52,7 +55,7 @@ def test_migrations_match_the_models(database_url: str) -> None:
     check(database_url)  # raises when a model change lacks a migration
 
 
-def test_new_job_is_queued_with_attempt_one_and_events(database_url: str, user: User) -> None:
+def test_new_job_is_admitted_with_attempt_one_and_events(database_url: str, user: User) -> None:
     with Session(get_engine(database_url)) as session:
         job = make_job(session, user)
         assert job.status == JobStatus.QUEUED

@@ -22,6 +22,7 @@ from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
+from service.db.admission import admit_pending
 from service.db.migrate import upgrade
 from service.db.models import Attempt, Job
 from service.db.session import get_engine
@@ -707,6 +708,7 @@ def queued_kubernetes_job(
             backend="kubernetes",
             idempotency_key=None,
         )
+        assert admit_pending(session, settings.cluster_profiles())  # as the API does
         attempt = job_store.current_attempt(session, job)
         assert attempt is not None
         session.commit()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -25,14 +24,14 @@ from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
+from service.db.admission import admit_pending, refusal
 from service.db.models import Job, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
 from service.settings import Settings
-from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_task
+from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-log = logging.getLogger(__name__)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobDetail)
@@ -49,6 +48,9 @@ def create_job(
     if spec.team is not None and spec.team != team.name:
         raise _unprocessable("team", f"you belong to team {team.name!r}, not {spec.team!r}")
     profile = _profile_for(settings, spec)
+    gpus = spec.resources.nodes * spec.resources.gpus_per_node
+    if why := refusal(team, profile.name, gpus, profile.max_gpus):
+        raise _unprocessable("resources", why)
     try:
         advice = advise(spec, profile)
     except NoPlanFits as exc:
@@ -67,13 +69,13 @@ def create_job(
         )
     except job_store.IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+    launches = admit_pending(session, settings.cluster_profiles()) if created else []
     session.commit()
-    if created:
-        attempt = job_store.current_attempt(session, job)
-        assert attempt is not None
-        _enqueue(settings, LAUNCH_ATTEMPT, attempt.id)
-    else:
+    for attempt_id in launches:
+        _enqueue(settings, LAUNCH_ATTEMPT, attempt_id)
+    if not created:
         response.status_code = status.HTTP_200_OK
+    session.refresh(job)
     return _detail(session, job, team.name)
 
 
@@ -188,10 +190,7 @@ def _profile_for(settings: Settings, spec: JobSpec) -> ClusterProfile:
 
 
 def _enqueue(settings: Settings, task: str, attempt_id: str) -> None:
-    try:
-        send_task(settings.broker_url, task, attempt_id)
-    except Exception:  # the job is stored; the reconcile sweep re-sends lost launches
-        log.warning("could not enqueue %s for attempt %s", task, attempt_id, exc_info=True)
+    send_or_leave_to_sweep(settings.broker_url, task, attempt_id)
 
 
 def _team_of(session: Session, user: User) -> Team:

@@ -1,0 +1,56 @@
+"""Teams: their GPU quotas, fair-share weights and what they hold now (admins change them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+from sqlmodel import Session, select
+
+from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from service.api.schemas import TeamPublic, TeamUpdate
+from service.core.states import JobStatus
+from service.db.admission import admit_pending, held
+from service.db.models import Job, Team
+from service.tasks import LAUNCH_ATTEMPT, send_or_leave_to_sweep
+
+router = APIRouter(prefix="/v1/teams", tags=["teams"])
+
+
+@router.get("", response_model=list[TeamPublic])
+def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
+    """Every team for admins; your own otherwise."""
+    query = select(Team).order_by(Team.name)
+    if not user.is_admin:
+        query = query.where(Team.id == user.team_id)
+    return [_public(session, team) for team in session.exec(query).all()]
+
+
+@router.patch("/{name}", response_model=TeamPublic)
+def update_team(
+    name: str, body: TeamUpdate, _admin: AdminUser, session: SessionDep, settings: SettingsDep
+) -> TeamPublic:
+    """Set a team's quota or share; waiting jobs that now fit are admitted at once."""
+    team = session.exec(select(Team).where(Team.name == name)).first()
+    if team is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no team {name!r}")
+    for field, value in body.model_dump(exclude_unset=True).items():
+        setattr(team, field, value)
+    session.add(team)
+    launches = admit_pending(session, settings.cluster_profiles())
+    session.commit()
+    for attempt_id in launches:
+        send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
+    return _public(session, team)
+
+
+def _public(session: Session, team: Team) -> TeamPublic:
+    names = {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
+    waiting = session.exec(
+        select(Job).where(Job.team_id == team.id, Job.status == JobStatus.PENDING)
+    ).all()
+    return TeamPublic(
+        name=team.name,
+        gpu_quota=team.gpu_quota,
+        gpu_share=team.gpu_share,
+        gpus_held=held(session, names).by_team.get(team.name, 0),
+        jobs_waiting=len(waiting),
+    )

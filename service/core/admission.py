@@ -1,0 +1,106 @@
+"""Admission: which waiting jobs may start now, under team quotas, priorities and fair share.
+
+A submitted job waits (PENDING) until admission lets it go (QUEUED, then launched). Two limits
+apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished jobs:
+
+- a team's quota: what one team may hold at once (None: no limit); a job over it waits, and
+  other teams' jobs go by;
+- a cluster's cap: what zeropilot admits onto one cluster (None: no limit, the cluster's own
+  scheduler queues). A job over it waits, and so does every job ordered after it on that
+  cluster: no backfill, so a large job is never starved by a stream of small ones.
+
+Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
+GPUs per share unit first (recomputed after each admission, so two teams with equal shares
+alternate); then the oldest. Pure: the database layer gathers the inputs and applies the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job waiting for admission."""
+
+    job_id: str
+    team: str
+    cluster: str
+    gpus: int
+    priority: int
+    submitted_at: datetime
+
+
+@dataclass(frozen=True)
+class Limits:
+    team_quota: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
+    team_share: dict[str, int] = field(default_factory=dict)  # fair-share weight; absent: 1
+    cluster_cap: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
+
+
+@dataclass
+class Held:
+    """GPUs held by admitted, unfinished jobs."""
+
+    by_team: dict[str, int] = field(default_factory=dict)
+    by_cluster: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: list[str]  # job ids, in admission order
+    waiting: dict[str, str]  # job id -> why it still waits, in words
+
+
+def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
+    """Admit what fits, in order, and say why the rest waits."""
+    by_team = dict(held.by_team)
+    by_cluster = dict(held.by_cluster)
+    left = list(waiting)
+    admitted: list[str] = []
+    reasons: dict[str, str] = {}
+    blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
+
+    def order(job: Waiting) -> tuple[int, float, datetime, str]:
+        share = max(limits.team_share.get(job.team, 1), 1)
+        return (-job.priority, by_team.get(job.team, 0) / share, job.submitted_at, job.job_id)
+
+    while left:
+        job = min(left, key=order)
+        left.remove(job)
+        if job.cluster in blocked:
+            reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
+            continue
+        quota = limits.team_quota.get(job.team)
+        team_held = by_team.get(job.team, 0)
+        if quota is not None and team_held + job.gpus > quota:
+            reasons[job.job_id] = (
+                f"team {job.team} holds {team_held} of its {quota}-GPU quota; "
+                f"this job needs {job.gpus}"
+            )
+            continue
+        cap = limits.cluster_cap.get(job.cluster)
+        cluster_held = by_cluster.get(job.cluster, 0)
+        if cap is not None and cluster_held + job.gpus > cap:
+            reasons[job.job_id] = (
+                f"cluster {job.cluster} has {cluster_held} of its {cap} GPUs admitted; "
+                f"this job needs {job.gpus}"
+            )
+            blocked.add(job.cluster)
+            continue
+        admitted.append(job.job_id)
+        by_team[job.team] = team_held + job.gpus
+        by_cluster[job.cluster] = cluster_held + job.gpus
+    return Decision(admitted, reasons)
+
+
+def never_fits(gpus: int, team: str, cluster: str, limits: Limits) -> str | None:
+    """Why a job can never be admitted (it needs more than a whole limit), or None."""
+    quota = limits.team_quota.get(team)
+    if quota is not None and gpus > quota:
+        return f"the job needs {gpus} GPUs and team {team}'s quota is {quota}"
+    cap = limits.cluster_cap.get(cluster)
+    if cap is not None and gpus > cap:
+        return f"the job needs {gpus} GPUs and zeropilot admits at most {cap} on {cluster}"
+    return None

@@ -1,0 +1,104 @@
+"""Admission under team quotas, cluster caps, priorities and fair share."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from service.core.admission import Held, Limits, Waiting, admit, never_fits
+
+T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+
+
+def job(
+    job_id: str, team: str, gpus: int = 8, priority: int = 50, minute: int = 0, cluster: str = "a"
+) -> Waiting:
+    return Waiting(job_id, team, cluster, gpus, priority, T0 + timedelta(minutes=minute))
+
+
+def test_without_limits_everything_is_admitted_oldest_first() -> None:
+    decision = admit([job("b", "ml", minute=2), job("a", "ml", minute=1)], Held(), Limits())
+
+    assert decision.admitted == ["a", "b"]
+    assert decision.waiting == {}
+
+
+def test_a_team_over_its_quota_waits_and_says_why() -> None:
+    held = Held(by_team={"ml": 8})
+
+    decision = admit([job("j1", "ml", gpus=8)], held, Limits(team_quota={"ml": 16}))
+    assert decision.admitted == ["j1"]
+
+    decision = admit([job("j2", "ml", gpus=16)], held, Limits(team_quota={"ml": 16}))
+    assert decision.admitted == []
+    assert decision.waiting == {"j2": "team ml holds 8 of its 16-GPU quota; this job needs 16"}
+
+
+def test_a_team_at_its_quota_does_not_hold_up_other_teams() -> None:
+    waiting = [job("ml-1", "ml", minute=0), job("cv-1", "cv", minute=1)]
+
+    decision = admit(waiting, Held(by_team={"ml": 16}), Limits(team_quota={"ml": 16}))
+
+    assert decision.admitted == ["cv-1"]
+    assert set(decision.waiting) == {"ml-1"}
+
+
+def test_higher_priority_goes_first_even_when_younger() -> None:
+    waiting = [job("old", "ml", minute=0), job("urgent", "ml", priority=90, minute=5)]
+
+    decision = admit(waiting, Held(), Limits(cluster_cap={"a": 8}))
+
+    assert decision.admitted == ["urgent"]
+    assert "cluster a has 8 of its 8 GPUs admitted" in decision.waiting["old"]
+
+
+def test_fair_share_alternates_between_teams_with_equal_shares() -> None:
+    # ml submitted all of its jobs first; cv's still get every other slot.
+    waiting = [job(f"ml-{i}", "ml", minute=i) for i in range(3)]
+    waiting += [job(f"cv-{i}", "cv", minute=10 + i) for i in range(3)]
+
+    decision = admit(waiting, Held(), Limits(cluster_cap={"a": 32}))
+
+    assert decision.admitted == ["ml-0", "cv-0", "ml-1", "cv-1"]
+
+
+def test_a_larger_share_gets_proportionally_more() -> None:
+    waiting = [job(f"ml-{i}", "ml", minute=i) for i in range(4)]
+    waiting += [job(f"cv-{i}", "cv", minute=i) for i in range(4)]
+    limits = Limits(team_share={"ml": 3, "cv": 1}, cluster_cap={"a": 32})
+
+    decision = admit(waiting, Held(), limits)
+
+    assert sorted(decision.admitted) == ["cv-0", "ml-0", "ml-1", "ml-2"]
+
+
+def test_fair_share_counts_what_a_team_already_holds() -> None:
+    waiting = [job("ml-new", "ml", minute=0), job("cv-new", "cv", minute=5)]
+
+    held = Held(by_team={"ml": 24}, by_cluster={"a": 24})
+
+    decision = admit(waiting, held, Limits(cluster_cap={"a": 32}))
+
+    assert decision.admitted == ["cv-new"]
+
+
+def test_a_job_waiting_for_the_cap_is_not_overtaken_by_smaller_ones_on_that_cluster() -> None:
+    waiting = [
+        job("big", "ml", gpus=16, minute=0),
+        job("small", "cv", gpus=4, minute=1),
+        job("elsewhere", "cv", gpus=4, minute=2, cluster="b"),
+    ]
+
+    decision = admit(waiting, Held(by_cluster={"a": 24}), Limits(cluster_cap={"a": 32}))
+
+    assert decision.admitted == ["elsewhere"]
+    assert decision.waiting["small"] == "behind an earlier job waiting for cluster a"
+
+
+def test_jobs_bigger_than_a_whole_limit_are_named_at_submission() -> None:
+    limits = Limits(team_quota={"ml": 8}, cluster_cap={"a": 64})
+
+    assert never_fits(16, "ml", "a", limits) == "the job needs 16 GPUs and team ml's quota is 8"
+    assert never_fits(128, "cv", "a", limits) == (
+        "the job needs 128 GPUs and zeropilot admits at most 64 on a"
+    )
+    assert never_fits(8, "ml", "a", limits) is None

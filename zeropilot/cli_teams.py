@@ -1,0 +1,65 @@
+"""``zeropilot teams``: GPU quotas and fair-share weights per team, and what each holds now."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from zeropilot.cli_common import JsonOpt, api_client, call_api, console, fail, print_json
+
+teams_app = typer.Typer(
+    help="Team GPU quotas and fair-share weights (changing them needs an admin token).",
+    no_args_is_help=True,
+)
+
+
+@teams_app.command("list")
+def list_teams(as_json: JsonOpt = False) -> None:
+    """Every team (yours only, unless you are an admin): quota, share, GPUs held, jobs waiting."""
+    teams = call_api(api_client().teams)
+    if as_json:
+        print_json(teams)
+        return
+    table = Table("team", "GPU quota", "share", "GPUs held", "jobs waiting")
+    for team in teams:
+        quota = "none" if team["gpu_quota"] is None else str(team["gpu_quota"])
+        table.add_row(
+            team["name"], quota, str(team["gpu_share"]), str(team["gpus_held"]),
+            str(team["jobs_waiting"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+@teams_app.command("set")
+def set_team(
+    name: str,
+    gpu_quota: Annotated[
+        int | None, typer.Option(help="GPUs the team's admitted jobs may hold at once.", min=1)
+    ] = None,
+    no_gpu_quota: Annotated[bool, typer.Option("--no-gpu-quota", help="Remove the quota.")] = False,
+    share: Annotated[
+        int | None, typer.Option(help="Fair-share weight (1-1000; default 1).", min=1, max=1000)
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a team's quota or share; waiting jobs that now fit start at once."""
+    fields: dict[str, Any] = {}
+    if gpu_quota is not None and no_gpu_quota:
+        fail("give --gpu-quota N or --no-gpu-quota, not both", 2)
+    if gpu_quota is not None or no_gpu_quota:
+        fields["gpu_quota"] = gpu_quota
+    if share is not None:
+        fields["gpu_share"] = share
+    if not fields:
+        fail("nothing to change: give --gpu-quota, --no-gpu-quota or --share", 2)
+    team = call_api(api_client().update_team, name, **fields)
+    if as_json:
+        print_json(team)
+        return
+    quota = "no quota" if team["gpu_quota"] is None else f"quota {team['gpu_quota']} GPUs"
+    console.print(
+        f"team {team['name']}: {quota}, share {team['gpu_share']}; "
+        f"holds {team['gpus_held']} GPUs, {team['jobs_waiting']} job(s) waiting"
+    )
