@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
-from service.db.admission import admit_pending
+from service.db.admission import admit_pending, any_waiting
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
@@ -32,10 +32,11 @@ _ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
 
 
 def reconcile(settings: Settings) -> None:
-    with session_scope(settings.database_url) as session:  # GPUs released since: admit more
-        admitted = admit_pending(session, settings.cluster_profiles())
-    for attempt_id in admitted:
-        send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
+    try:
+        for attempt_id in _admit(settings):
+            send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
+    except Exception:  # admission failing must not stop the polling below
+        log.exception("admission pass failed")
     for attempt_id in _stale_launches(settings):
         log.warning(
             "re-sending the launch of attempt %s (no progress within the lease)", attempt_id
@@ -48,6 +49,15 @@ def reconcile(settings: Settings) -> None:
             log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
         except Exception:  # one broken attempt or cluster must not stop the others' reconcile
             log.exception("reconcile of attempt %s failed", attempt_id)
+
+
+def _admit(settings: Settings) -> list[str]:
+    """Admit waiting jobs that fit now that GPUs may have been released."""
+    with session_scope(settings.database_url) as session:
+        if not any_waiting(session):
+            return []  # the usual tick: nothing waits, and nothing is written
+    with session_scope(settings.database_url) as session:  # its first statement is the write
+        return admit_pending(session, settings.cluster_profiles())
 
 
 def reconcile_attempt(settings: Settings, attempt_id: str) -> None:

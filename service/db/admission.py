@@ -51,7 +51,7 @@ def held(session: Session, team_names: dict[int, str]) -> Held:
 def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list[str]:
     """Admit the PENDING jobs that fit; return the ids of the attempts to launch (send them
     after the commit). Jobs left waiting get the reason as their message."""
-    _take_turn(session)
+    _take_turn(session)  # first, so that on SQLite the pass starts as the one writer
     pending = session.exec(select(Job).where(Job.status == JobStatus.PENDING)).all()
     if not pending:
         return []
@@ -77,6 +77,12 @@ def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list
             job.message = WAITING_PREFIX + why
             session.add(job)
     return launches
+
+
+def any_waiting(session: Session) -> bool:
+    """A cheap read, in its own transaction, that spares the periodic pass its write."""
+    first = session.exec(select(Job.id).where(Job.status == JobStatus.PENDING).limit(1)).first()
+    return first is not None
 
 
 def refusal(team: Team, cluster: str, gpus: int, cap: int | None) -> str | None:

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
+
+import redis
+from sqlmodel import Session
+
+from service.db.session import get_engine
+from service.db.users import create_user
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,3 +34,30 @@ def tiny_spec(name: str = "tiny-gpt", steps: int = 20, **changes: Any) -> dict[s
     }
     spec.update(changes)
     return spec
+
+
+def three_users(database_url: str) -> dict[str, str]:
+    """Tokens of alice (team vision), bob (team speech) and root (team ops, an admin)."""
+    with Session(get_engine(database_url)) as session:
+        made = {
+            "alice": create_user(session, "alice", "vision"),
+            "bob": create_user(session, "bob", "speech"),
+            "root": create_user(session, "root", "ops", is_admin=True),
+        }
+        session.commit()
+    return made
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def queued_tasks(redis_url: str) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of every message waiting in Celery's default queue in Redis."""
+    messages = redis.Redis.from_url(redis_url).lrange("celery", 0, -1)
+    result = []
+    for raw in reversed(messages):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        result.append((message["headers"]["task"], args))
+    return result

@@ -5,23 +5,17 @@ Auth, team scoping, validation errors, idempotency, runtime reports.
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
-from sqlmodel import Session
 
 from service.api.app import create_app
-from service.db.session import get_engine
-from service.db.users import create_user
 from service.security import attempt_token
 from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT
-from tests.integration.helpers import tiny_spec
+from tests.integration.helpers import auth, queued_tasks, three_users, tiny_spec
 
 
 @pytest.fixture
@@ -32,29 +26,7 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def tokens(settings: Settings) -> dict[str, str]:
-    with Session(get_engine(settings.database_url)) as session:
-        made = {
-            "alice": create_user(session, "alice", "vision"),
-            "bob": create_user(session, "bob", "speech"),
-            "root": create_user(session, "root", "ops", is_admin=True),
-        }
-        session.commit()
-    return made
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def queued_tasks(redis_url: str) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of every message waiting in Celery's default queue in Redis."""
-    messages = redis.Redis.from_url(redis_url).lrange("celery", 0, -1)
-    result = []
-    for raw in reversed(messages):
-        message = json.loads(raw)
-        args = json.loads(base64.b64decode(message["body"]))[0]
-        result.append((message["headers"]["task"], args))
-    return result
+    return three_users(settings.database_url)
 
 
 def test_health_and_readiness(client: TestClient) -> None:

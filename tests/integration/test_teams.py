@@ -7,24 +7,18 @@ cancelling it, and the admission pass the workers run every few seconds is calle
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import yaml
 from fastapi.testclient import TestClient
-from sqlmodel import Session
 
 from service.api.app import create_app
-from service.db.session import get_engine
-from service.db.users import create_user
 from service.settings import ClusterSettings, Settings
 from service.tasks import LAUNCH_ATTEMPT
-from tests.integration.helpers import tiny_spec
+from tests.integration.helpers import auth, queued_tasks, three_users, tiny_spec
 from workers.reconcile import reconcile
 
 CAPPED = {"name": "capped", "kind": "slurm", "gpus_per_node": 2, "max_nodes": 2, "max_gpus": 4}
@@ -46,28 +40,12 @@ def client(capped_settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def tokens(capped_settings: Settings) -> dict[str, str]:
-    with Session(get_engine(capped_settings.database_url)) as session:
-        made = {
-            "alice": create_user(session, "alice", "vision"),
-            "bob": create_user(session, "bob", "speech"),
-            "root": create_user(session, "root", "ops", is_admin=True),
-        }
-        session.commit()
-    return made
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    return three_users(capped_settings.database_url)
 
 
 def launched(redis_url: str) -> list[str]:
     """Attempt ids of the launch tasks waiting in Celery's queue, oldest first."""
-    ids = []
-    for raw in reversed(redis.Redis.from_url(redis_url).lrange("celery", 0, -1)):
-        message = json.loads(raw)
-        if message["headers"]["task"] == LAUNCH_ATTEMPT:
-            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
-    return ids
+    return [args[0] for task, args in queued_tasks(redis_url) if task == LAUNCH_ATTEMPT]
 
 
 def submit(client: TestClient, token: str, name: str, **changes: Any) -> dict[str, Any]:
