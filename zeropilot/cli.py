@@ -163,6 +163,8 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
     console.print(f"job [bold]{job['id']}[/bold] {job['name']} ({job['team']}): {job['status']}")
     if job["failure_class"]:
         console.print(f"failure: {job['failure_class']}: {job['message']}", highlight=False)
+    elif job["status"] == "PENDING" and job["message"]:
+        console.print(job["message"], highlight=False)  # why admission holds it
     _print_plan(job["plan"], job["advice_reason"])
     for attempt in job["attempts"]:
         line = f"attempt {attempt['number']}: {attempt['status']} ({attempt['rung']})"

@@ -39,6 +39,11 @@ def test_a_job_over_the_quota_starts_when_the_first_finishes(
         {"name": "vision", "gpu_quota": 2, "gpu_share": 1, "gpus_held": 2, "jobs_waiting": 0}
     ]
 
+    held_back = api.submit(tiny_spec("held-back", steps=10))
+    shown = zeropilot(stack, token, "status", held_back["id"]).stdout
+    assert "PENDING" in shown and "waiting: team vision holds 2 of its 2-GPU quota" in shown
+    api.http.post(f"/v1/jobs/{held_back['id']}/cancel")
+
     waited = zeropilot(stack, token, "submit", str(second_spec), "--wait")
 
     assert waited.returncode == 0, waited.stdout + waited.stderr + stack.logs()
