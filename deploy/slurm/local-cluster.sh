@@ -157,6 +157,15 @@ pkill_ours() { # stop the daemons this folder's pid files name, and only those
     done
 }
 
+kill_orphan_steps() { # a job step's daemon can outlive its slurmd (a node set DOWN mid-job)
+    local pid
+    for pid in $(pgrep -x slurmstepd || true); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" \
+            && kill -KILL "$pid" 2>/dev/null
+    done
+    return 0
+}
+
 alive() { # running, and not a zombie waiting to be reaped
     [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
 }
@@ -207,6 +216,7 @@ cmd_stop_daemons() {
     local i ns
     cancel_jobs
     pkill_ours
+    kill_orphan_steps
     for i in $(seq 1 99); do
         ns=zp-node$i
         [[ -e /run/netns/$ns ]] || break
