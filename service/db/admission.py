@@ -9,6 +9,8 @@ into the last free GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
@@ -29,8 +31,7 @@ def job_gpus(job: Job) -> int:
     return int(resources["nodes"]) * int(resources["gpus_per_node"])
 
 
-def limits_of(session: Session, profiles: dict[str, ClusterProfile]) -> Limits:
-    teams = session.exec(select(Team)).all()
+def limits_of(teams: Sequence[Team], profiles: dict[str, ClusterProfile]) -> Limits:
     return Limits(
         team_quota={team.name: team.gpu_quota for team in teams},
         team_share={team.name: team.gpu_share for team in teams},
@@ -55,14 +56,15 @@ def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list
     pending = session.exec(select(Job).where(Job.status == JobStatus.PENDING)).all()
     if not pending:
         return []
-    names = {team.id: team.name for team in session.exec(select(Team)).all() if team.id}
+    teams = session.exec(select(Team)).all()
+    names = {team.id: team.name for team in teams if team.id is not None}
     waiting = [
         Waiting(
             job.id, names[job.team_id], job.cluster, job_gpus(job), job.priority, job.created_at
         )
         for job in pending
     ]
-    decision = admit(waiting, held(session, names), limits_of(session, profiles))
+    decision = admit(waiting, held(session, names), limits_of(teams, profiles))
     by_id = {job.id: job for job in pending}
     launches = []
     for job_id in decision.admitted:
