@@ -28,6 +28,7 @@ if ((status != 0)); then
     # A run killed from outside prints no summary: leave what the machine says about it.
     echo "== pytest exited $status; memory and the kernel's last kills:"
     free -m || true
+    df -h /dev/shm || true  # DeepSpeed's CPU all-reduce buffers live there (workers/backends/shm.py)
     dmesg 2>/dev/null | grep -E "Killed process|oom-kill" | tail -n 6 || true
 fi
 exit "$status"

@@ -9,6 +9,7 @@ step 11, and one that also restored the optimizer gives it at step 12 too.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -21,6 +22,7 @@ from service.core.clusters import LOCAL_PROFILE
 from tests.integration.helpers import REPO
 from workers.backends import local
 from workers.backends.base import BackendState, LaunchRequest
+from workers.backends.shm import PREFIX, SHM_DIR
 from workers.escalate import resume_method
 
 pytestmark = pytest.mark.slow
@@ -67,6 +69,9 @@ def run(folder: Path, stage: int, steps: int, resume: tuple[Path, str] | None = 
         time.sleep(0.5)
     log = local.logs(LOCAL_PROFILE, ref, tail_lines=400)
     assert status.state == BackendState.SUCCEEDED, log
+    port = json.loads((folder / "launch.json").read_text())["master"]["port"]
+    buffers = f"{PREFIX}_{os.getuid()}_127.0.0.1_{port}_*"  # DeepSpeed's CPU all-reduce memory
+    assert not list(SHM_DIR.glob(buffers)), "the supervisor left them in /dev/shm"
     return log
 
 

@@ -8,6 +8,8 @@ user would: the final state, the exit code, the failure class, the checkpoint, t
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from workers.backends import slurm
 from workers.backends.base import BackendState, LaunchRequest, PermanentError
+from workers.backends.shm import PREFIX, SHM_DIR
 from workers.backends.slurm_commands import parse_fields
 
 from .slurm_fixtures import (
@@ -67,7 +70,8 @@ def test_tiny_deepspeed_job_trains_to_succeeded_with_a_checkpoint(
         args=("--steps", "10"),
     )  # fmt: skip
 
-    status = wait_for(profile, slurm.submit(request))
+    ref = slurm.submit(request)
+    status = wait_for(profile, ref)
 
     assert (status.state, status.exit_code, status.native_state) == (
         BackendState.SUCCEEDED, 0, "COMPLETED",
@@ -76,6 +80,9 @@ def test_tiny_deepspeed_job_trains_to_succeeded_with_a_checkpoint(
     checkpoint = tmp_path / "checkpoints"
     assert (checkpoint / "latest").read_text() == "global_step10"
     assert (checkpoint / "global_step10").is_dir()
+    port = re.search(r"master \S+:(\d+)", slurm.logs(profile, ref))
+    assert port is not None  # DeepSpeed's CPU all-reduce buffers of that world are gone:
+    assert not list(SHM_DIR.glob(f"{PREFIX}_{os.getuid()}_*_{port[1]}_*"))
 
 
 def test_submitting_the_same_attempt_twice_starts_one_job(

@@ -136,7 +136,8 @@ def _launch_plan(request: LaunchRequest) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k in _PASSED_THROUGH}
     env.update(request.profile.nccl_env)
     env.update(request.env)
-    return {"nodes": nodes, "cwd": str(request.working_dir), "env": env}
+    master = {"addr": "127.0.0.1", "port": port}
+    return {"nodes": nodes, "cwd": str(request.working_dir), "env": env, "master": master}
 
 
 def _spawn_supervisor(attempt_dir: Path) -> None:

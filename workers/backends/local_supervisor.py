@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from workers.backends.shm import remove_deepspeed_buffers
+
 POLL_S = 0.5
 LOCK_WAIT_S = 2.0
 
@@ -40,6 +42,8 @@ def main(attempt_dir: Path) -> int:
     (attempt_dir / "nodes.json").write_text(json.dumps([p.pid for _r, p, _l in nodes]))
     codes, first_failure = _wait(nodes, cancelled, float(launch.get("cancel_grace_s", 10)))
     _clear_groups([process.pid for _rank, process, _log in nodes])
+    if master := launch.get("master"):  # every rank has ended: its shared memory can go
+        remove_deepspeed_buffers(master["addr"], master["port"])
     _write_result(attempt_dir, codes, first_failure, cancelled["flag"])
     return 0
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from service.core.spec import ENV_NAME_PATTERN
 from workers.backends.base import LaunchRequest, PermanentError
+from workers.backends.shm import shell_removal
 from workers.render import launcher_argv
 
 BATCH_SCRIPT = "slurm_job.sbatch"
@@ -109,6 +110,8 @@ while :; do
     rc=$?
     kill -0 "$launcher" 2>/dev/null || break  # wait was only interrupted by a signal
 done
+# DeepSpeed's CPU all-reduce never unlinks its shared memory (66 MB per rank).
+{shell_removal('"$ZEROPILOT_MASTER_ADDR"', '"$ZEROPILOT_MASTER_PORT"')}
 exit "$rc"
 """
 
