@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -106,6 +107,7 @@ class Stack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_the_test_run,
             )
         self.processes.append(process)
         return process
@@ -120,6 +122,16 @@ class Stack:
                 pass
             time.sleep(0.3)
         raise RuntimeError(f"API did not become ready:\n{self.logs()}")
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_the_test_run() -> None:
+    """Stack processes get SIGKILL when the test run that started them dies, even by SIGKILL:
+    an orphaned worker would otherwise take the next run's tasks from the shared Redis."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Api:
