@@ -1,7 +1,7 @@
 """DeepSpeed's CPU all-reduce leaves its shared-memory buffers behind; backends remove them.
 
 On CPU ranks DeepSpeed 0.19.8's shm_comm op creates one
-``/dev/shm/deepspeed_allreduce_buffer_<uid>_<master addr>_<master port>_<rank>`` per rank (66 MB
+``/dev/shm/deepspeed_allreduce_buffer_<uid>_<master addr>_<master port>_<rank>`` per rank (66 MiB
 each, measured) and never unlinks it. A machine that runs many jobs fills its memory with them:
 this project's CI machine reached 22 GB of them and the kernel killed the test run. Once a
 world's ranks have ended, its buffers are removed by the name DeepSpeed gives them.

@@ -110,7 +110,7 @@ while :; do
     rc=$?
     kill -0 "$launcher" 2>/dev/null || break  # wait was only interrupted by a signal
 done
-# DeepSpeed's CPU all-reduce never unlinks its shared memory (66 MB per rank).
+# DeepSpeed's CPU all-reduce never unlinks its shared memory (66 MiB per rank).
 {shell_removal('"$ZEROPILOT_MASTER_ADDR"', '"$ZEROPILOT_MASTER_PORT"')}
 exit "$rc"
 """
