@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from service.api.routes import advice
 from service.core.clusters import LOCAL_PROFILE
 from service.settings import get_settings
-from tests.unit.shapes import h100_node
+from tests.unit.shapes import LLAMA_7B, h100_node
 from zeropilot.cli_advice import advise_command, lint_command
 
 H100 = h100_node()
@@ -35,14 +35,7 @@ TINY: dict[str, Any] = {
     "resources": {"nodes": 1, "gpus_per_node": 2},
 }
 LLAMA_PARTS: dict[str, Any] = {
-    "model": {
-        "hidden_size": 4096,
-        "num_layers": 32,
-        "num_heads": 32,
-        "vocab_size": 32000,
-        "ffn_size": 11008,
-        "tied_embeddings": False,
-    },
+    "model": LLAMA_7B,
     "training": {"sequence_length": 4096, "global_batch_size": 256},
     "resources": {"cluster": "h100", "nodes": 1, "gpus_per_node": 8},
 }

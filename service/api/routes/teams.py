@@ -7,6 +7,7 @@ from sqlmodel import Session, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from service.api.schemas import TeamPublic, TeamUpdate
+from service.core.admission import Held
 from service.core.states import JobStatus
 from service.db.admission import admit_pending, held
 from service.db.models import Job, Team
@@ -21,7 +22,9 @@ def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
     query = select(Team).order_by(Team.name)
     if not user.is_admin:
         query = query.where(Team.id == user.team_id)
-    return [_public(session, team) for team in session.exec(query).all()]
+    teams = session.exec(query).all()
+    usage = _usage(session)
+    return [_public(session, team, usage) for team in teams]
 
 
 @router.patch("/{name}", response_model=TeamPublic)
@@ -39,11 +42,16 @@ def update_team(
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
-    return _public(session, team)
+    return _public(session, team, _usage(session))
 
 
-def _public(session: Session, team: Team) -> TeamPublic:
+def _usage(session: Session) -> Held:
+    """GPUs held per team, read once for every team shown."""
     names = {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
+    return held(session, names)
+
+
+def _public(session: Session, team: Team, usage: Held) -> TeamPublic:
     waiting = session.exec(
         select(Job).where(Job.team_id == team.id, Job.status == JobStatus.PENDING)
     ).all()
@@ -51,6 +59,6 @@ def _public(session: Session, team: Team) -> TeamPublic:
         name=team.name,
         gpu_quota=team.gpu_quota,
         gpu_share=team.gpu_share,
-        gpus_held=held(session, names).by_team.get(team.name, 0),
+        gpus_held=usage.by_team.get(team.name, 0),
         jobs_waiting=len(waiting),
     )
