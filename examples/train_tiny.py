@@ -175,6 +175,10 @@ def main() -> None:
                 )
                 if rank == 0:
                     reporter.checkpoint(step, os.path.join(save_dir, f"global_step{step}"))
+    # Only after success (a rank that failed must not wait here for the others). Without it,
+    # gloo's threads can outlive the interpreter and abort a finished rank ("terminate called
+    # without an active exception", exit -6), as one CI run saw under load.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

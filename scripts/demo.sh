@@ -40,6 +40,12 @@ zeropilot submit examples/tiny-gpt.yaml --wait || status=$?
 job_id=$(zeropilot list --limit 1 --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 echo
 zeropilot status "$job_id"
-echo
-echo "full record: curl -H \"Authorization: Bearer \$(jq -r .token $XDG_CONFIG_HOME/zeropilot/credentials.json)\" $ZEROPILOT_URL/v1/jobs/$job_id"
+cat <<MORE
+
+The demo's server stops now; its database, logs and checkpoints stay in $ZEROPILOT_DATA_DIR.
+To look at job $job_id again (Ctrl-C, or kill %1, stops \`zeropilot up\`):
+  export ZEROPILOT_DATA_DIR=$ZEROPILOT_DATA_DIR XDG_CONFIG_HOME=$XDG_CONFIG_HOME PATH=$VENV/bin:\$PATH
+  zeropilot up &                 # wait for "zeropilot is up", then:
+  zeropilot status $job_id       # or: zeropilot metrics $job_id, zeropilot logs $job_id
+MORE
 exit $status

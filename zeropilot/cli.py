@@ -111,12 +111,19 @@ def _print_heartbeat(client: Client, job: dict[str, Any], previous: str) -> str:
     """On a long silence, say what the job is doing: its pending reason or last log line."""
     attempt = job["attempts"][-1] if job["attempts"] else {}
     text, _ = call_api(client.logs, job["id"], 1)
-    last_line = text.strip().splitlines()[-1][:160] if text.strip() else ""
+    last_line = _clip(text.strip().splitlines()[-1]) if text.strip() else ""
     detail = attempt.get("failure_message") or last_line or "no output yet"
     line = f"         ... {job['status']}: {detail}"
     if line != previous:  # say it once; silence again means nothing new
         console.print(line, highlight=False)
     return line
+
+
+def _clip(line: str, limit: int = 240) -> str:
+    """A long log line shortened at a word, marked with an ellipsis, never cut mid-word."""
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
 
 
 def _metric_line(point: dict[str, Any]) -> str:
@@ -222,15 +229,18 @@ def cancel(job_id: str, as_json: JsonOpt = False) -> None:
 @app.command()
 def metrics(job_id: str, as_json: JsonOpt = False) -> None:
     """Every metric point a job's training reported."""
-    points = call_api(api_client().metrics, job_id)
+    client = api_client()
+    points = call_api(client.metrics, job_id)
     if as_json:
         print_json(points)
         return
+    # Numbered as `status` numbers them ("attempt 1"), not by the attempts' ids.
+    numbers = {a["id"]: str(a["number"]) for a in call_api(client.get_job, job_id)["attempts"]}
     table = Table("STEP", "LOSS", "TOKENS/S", "ATTEMPT", box=None)
     for p in points:
         loss = f"{p['loss']:.4f}" if p["loss"] is not None else "-"
         rate = f"{p['tokens_per_s']:,.0f}" if p["tokens_per_s"] is not None else "-"
-        table.add_row(str(p["step"]), loss, rate, p["attempt_id"])
+        table.add_row(str(p["step"]), loss, rate, numbers.get(p["attempt_id"], p["attempt_id"]))
     console.print(table)
 
 

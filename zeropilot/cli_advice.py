@@ -22,6 +22,7 @@ from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
 from service.core.clusters import BackendKind, ClusterProfile
+from service.core.messages import plain_message
 from service.core.spec import JobSpec
 from zeropilot.cli_common import JsonOpt, console, err, fail, print_json, read_mapping
 
@@ -49,11 +50,14 @@ def load_job(path: Path, nodes: int | None = None, gpus_per_node: int | None = N
 
 def _validation_message(exc: ValidationError) -> str:
     return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors()
+        f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {plain_message(e['msg'])}"
+        for e in exc.errors()
     )
 
 
-def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
+def profile_for(
+    spec: JobSpec, gpu_memory_gib: float | None, path: Path | str = "FILE"
+) -> ClusterProfile:
     """The spec's cluster from the configured profiles (``local`` always exists), or any cluster
     described by --gpu-memory-gib and the spec."""
     resources = spec.resources
@@ -61,10 +65,12 @@ def profile_for(spec: JobSpec, gpu_memory_gib: float | None) -> ClusterProfile:
     if resources.cluster in known:
         base = known[resources.cluster]
     elif gpu_memory_gib is None:
+        source = os.environ.get(PROFILES_ENV) or "none set"
         fail(
-            f"cluster {resources.cluster!r} is not in the cluster profiles "
-            f"({PROFILES_ENV}={os.environ.get(PROFILES_ENV, '')!r}); set {PROFILES_ENV} to the "
-            "server's profiles file or give --gpu-memory-gib",
+            f"cluster {resources.cluster!r} is not a known cluster profile (known: "
+            f"{', '.join(sorted(known))}; {PROFILES_ENV}: {source}). Name the profiles file, "
+            f"e.g. `{PROFILES_ENV}=deploy/clusters.example.yaml zeropilot advise {path}`, "
+            f"or give the GPU's memory: `zeropilot advise {path} --gpu-memory-gib 80`",
             2,
         )
     else:
@@ -109,7 +115,7 @@ def advise_command(
 ) -> None:
     """Predict per-GPU memory for every DeepSpeed configuration of a job and pick one."""
     spec = load_job(file, nodes, gpus_per_node)
-    profile = profile_for(spec, gpu_memory_gib)
+    profile = profile_for(spec, gpu_memory_gib, file)
     try:
         advice = advise(spec, profile)
     except NoPlanFits as exc:
@@ -204,8 +210,10 @@ def lint_command(
 ) -> None:
     """Review a DeepSpeed config against DeepSpeed's rules and the ZeRO pitfalls."""
     config = read_mapping(ds_config, "a DeepSpeed config")
-    spec = load_job(job) if job is not None else None
-    profile = profile_for(spec, gpu_memory_gib) if spec is not None else None
+    spec, profile = None, None
+    if job is not None:
+        spec = load_job(job)
+        profile = profile_for(spec, gpu_memory_gib, job)
     findings = lint_ds_config(config, spec, profile)
     if as_json:
         print_json([f.model_dump(mode="json") for f in findings])

@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI
 
 from service.api.deps import get_current_user
+from service.api.docs import mount_docs
+from service.api.errors import install_error_handlers
 from service.api.routes import advice, health, jobs, runtime, teams, users
 from service.settings import Settings, get_settings
 
@@ -14,7 +16,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="zeropilot",
         version="0.1.0",
         description="Run DeepSpeed training jobs on shared GPU clusters.",
+        docs_url=None,  # served by mount_docs, without a CDN
+        redoc_url=None,
     )
+    mount_docs(app)
+    install_error_handlers(app)
     app.state.settings = settings = settings or get_settings()
     for module in (health, jobs, runtime, teams, users):
         app.include_router(module.router)

@@ -5,6 +5,7 @@ Auth, team scoping, validation errors, idempotency, runtime reports.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,3 +194,25 @@ def test_advice_needs_a_user_and_knows_the_configured_clusters(
     elsewhere = tiny_spec(resources={"cluster": "nowhere", "gpus_per_node": 2})
     unknown = client.post("/v1/advice", json=elsewhere, headers=auth(tokens["alice"]))
     assert unknown.status_code == 422
+
+
+def test_docs_page_loads_its_assets_from_this_server(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources and all(s.startswith("/") for s in sources), sources  # no CDN: offline works
+    for source in sources:
+        asset = client.get(source)
+        assert asset.status_code == 200 and len(asset.content) > 500, source
+    assert "SwaggerUIBundle" in client.get("/docs-assets/swagger-ui-bundle.js").text
+    assert client.get("/openapi.json").json()["info"]["title"] == "zeropilot"
+
+
+def test_refusals_quote_the_rule_without_pydantic_prefixes(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    spec = tiny_spec(training={"sequence_length": 32, "global_batch_size": 7})
+    response = client.post("/v1/jobs", json=spec, headers=auth(tokens["alice"]))
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["msg"].startswith("training.global_batch_size (7) is not divisible by")

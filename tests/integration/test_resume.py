@@ -1,9 +1,17 @@
 """Resuming across a change of ZeRO stage with real DeepSpeed, as an escalation does.
 
 A ZeRO-1 run saves a checkpoint at step 10; later attempts resume from it at other stages, the
-way ``workers.escalate.resume_method`` chooses. Losses are printed to 4 decimals and the runs are
-deterministic, so a resume that restored the weights gives the native continuation's loss at
-step 11, and one that also restored the optimizer gives it at step 12 too.
+way ``workers.escalate.resume_method`` chooses. A resume that restored the weights gives the
+native continuation's loss at step 11, and one that also restored the optimizer gives it at
+step 12 too, within SAME_LOSS_RTOL. The model runs in bf16 and another stage runs the step
+through other code (ZeRO-3's parameter gathering, differently partitioned reductions), so
+equality to 4 decimals held where it was written and failed elsewhere, this machine included:
+ZeRO-3 on the restored weights gave 3.1083 for the native 3.1096 at step 11 (4.2e-4 relative,
+below bf16's resolution; its exact cause was not traced). A resume that lost the Adam moments
+was 1.0% off at step 12 (2.8993 for 2.8711), and lost weights move step 11 by far more (the
+loss falls 8% a step here). The tolerance is bf16's unit roundoff, 2**-8: wider than the
+reordering, 2.5 times narrower than a lost optimizer, and the ZeRO-3 test checks that it does
+tell a restarted optimizer apart.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from workers.escalate import resume_method
 pytestmark = pytest.mark.slow
 
 LOSS = re.compile(r"^step +(\d+) loss ([0-9.]+)", re.MULTILINE)
+SAME_LOSS_RTOL = 2**-8  # bf16's unit roundoff; see the module docstring
 
 
 def run(folder: Path, stage: int, steps: int, resume: tuple[Path, str] | None = None) -> str:
@@ -75,12 +84,16 @@ def run(folder: Path, stage: int, steps: int, resume: tuple[Path, str] | None = 
     return log
 
 
-def losses(log: str) -> dict[int, str]:
-    return {int(step): loss for step, loss in LOSS.findall(log)}
+def losses(log: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in LOSS.findall(log)}
+
+
+def same_loss(resumed: float, native: float) -> bool:
+    return resumed == pytest.approx(native, rel=SAME_LOSS_RTOL)
 
 
 @pytest.fixture(scope="module")
-def zero1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, str]]:
+def zero1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
     """A ZeRO-1 checkpoint at step 10, and the losses of its native continuation."""
     root = tmp_path_factory.mktemp("resume")
     run(root / "first", stage=1, steps=10)
@@ -105,7 +118,7 @@ def test_the_resume_method_follows_what_deepspeed_can_convert(
 
 
 def test_zero1_to_zero2_through_a_universal_checkpoint_keeps_the_optimizer(
-    zero1: tuple[Path, dict[int, str]], tmp_path: Path
+    zero1: tuple[Path, dict[int, float]], tmp_path: Path
 ) -> None:
     checkpoint, native = zero1
 
@@ -113,17 +126,20 @@ def test_zero1_to_zero2_through_a_universal_checkpoint_keeps_the_optimizer(
 
     assert "resumed from" in log and "global_step10_universal at step 10 (universal)" in log
     assert (checkpoint.parent / "global_step10_universal" / ".zeropilot-converted").exists()
-    assert losses(log)[11] == native[11]  # the same weights
-    assert losses(log)[12] == native[12]  # and the same Adam moments after one more update
+    assert same_loss(losses(log)[11], native[11])  # the same weights
+    assert same_loss(losses(log)[12], native[12])  # and the same Adam moments after one update
 
 
 def test_zero1_to_zero3_resumes_the_consolidated_weights(
-    zero1: tuple[Path, dict[int, str]], tmp_path: Path
+    zero1: tuple[Path, dict[int, float]], tmp_path: Path
 ) -> None:
     checkpoint, native = zero1
 
     log = run(tmp_path / "z3", stage=3, steps=12, resume=(checkpoint, "weights"))
 
     assert "global_step10 at step 10 (weights)" in log
-    assert losses(log)[11] == native[11]
+    assert same_loss(losses(log)[11], native[11])
     assert sorted(losses(log)) == [11, 12]  # steps 1-10 are not trained again
+    # DeepSpeed converts no optimizer state into ZeRO-3 (README): the moments start afresh, and
+    # the tolerance is narrow enough to see it, so the universal test above can tell.
+    assert not same_loss(losses(log)[12], native[12])

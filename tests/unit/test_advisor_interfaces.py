@@ -239,8 +239,9 @@ def test_cli_advise_unknown_cluster_names_the_profiles_setting(
     result = CliRunner().invoke(cli, ["advise", str(spec)])
 
     assert result.exit_code == 2
-    assert "'a100-pool' is not in the cluster profiles" in result.output
+    assert "'a100-pool' is not a known cluster profile" in result.output
     assert "ZEROPILOT_CLUSTERS__PROFILES_FILE" in result.output
+    assert f"zeropilot advise {spec} --gpu-memory-gib" in result.output  # a command that works
 
 
 def test_cli_advise_nothing_fits_exits_1_naming_the_overshoot(
