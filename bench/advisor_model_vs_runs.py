@@ -21,7 +21,7 @@ from service.core.advisor.constants import CALIBRATION, Calibration  # noqa: E40
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs  # noqa: E402
 from service.core.advisor.memory import Prediction, predict_memory  # noqa: E402
 from service.core.advisor.render import knobs_from_overrides  # noqa: E402
-from service.core.advisor.shape import ModelShape  # noqa: E402
+from service.core.advisor.shape import ModelShape, bare_shape  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "cpu_measurements.json"
 
@@ -64,18 +64,8 @@ def load_runs(path: Path = DATA) -> list[dict[str, Any]]:
 
 def shape_of(run: dict[str, Any], parameters: int) -> ModelShape:
     m = run["model"]
-    return ModelShape(
-        parameters=parameters,
-        hidden=m["hidden"],
-        layers=m["layers"],
-        heads=m["heads"],
-        kv_heads=m["heads"],
-        ffn=4 * m["hidden"],
-        vocab=m["vocab"],
-        tied_embeddings=False,
-        flash_attention=True,
-        inferred=False,
-    )
+    h, heads = m["hidden"], m["heads"]
+    return bare_shape(parameters, h, m["layers"], heads, heads, 4 * h, m["vocab"], False, False)
 
 
 def points(runs: list[dict[str, Any]]) -> Iterator[Point]:

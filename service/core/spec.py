@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -55,9 +55,15 @@ class AttentionImpl(StrEnum):
     EAGER = "eager"
 
 
-class ModelSpec(Strict):
-    """A dense decoder transformer, by shape or by parameter count alone."""
+class MlpKind(StrEnum):
+    GATED = "gated"  # Llama-style: gate, up and down projections, no biases, RMSNorm
+    PLAIN = "plain"  # GPT-style: up and down projections with biases, LayerNorm
 
+
+class ModelSpec(Strict):
+    """A decoder transformer: by Hugging Face config, by shape, or by parameter count alone."""
+
+    hf_config: dict[str, Any] | None = None  # a config.json's content; the CLI inlines a path
     parameters: PositiveInt | None = None
     hidden_size: PositiveInt | None = None
     num_layers: PositiveInt | None = None
@@ -66,11 +72,24 @@ class ModelSpec(Strict):
     ffn_size: PositiveInt | None = None
     vocab_size: PositiveInt | None = None
     tied_embeddings: bool = True
+    mlp: MlpKind = MlpKind.PLAIN
     attention: AttentionImpl = AttentionImpl.FLASH
+
+    @field_validator("hf_config", mode="before")
+    @classmethod
+    def _config_inline(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(
+                f"a path ({value!r}) is read only by the zeropilot CLI, relative to the spec "
+                "file; over HTTP send the config.json content inline"
+            )
+        return value
 
     @model_validator(mode="after")
     def _shape_or_count(self) -> ModelSpec:
         shape = (self.hidden_size, self.num_layers, self.num_heads, self.vocab_size)
+        if self.hf_config is not None:
+            return self._check_hf_config(shape)
         if self.parameters is None and any(v is None for v in shape):
             raise ValueError(
                 "give either model.parameters or the shape "
@@ -84,6 +103,16 @@ class ModelSpec(Strict):
             raise ValueError(
                 f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
             )
+        return self
+
+    def _check_hf_config(self, shape: tuple[int | None, ...]) -> ModelSpec:
+        # imported here: the advisor package imports this module
+        from service.core.advisor.hf_config import read_hf_config
+
+        if any(v is not None for v in (*shape, self.num_kv_heads, self.ffn_size)):
+            raise ValueError("give either model.hf_config or the shape fields, not both")
+        assert self.hf_config is not None
+        read_hf_config(self.hf_config)
         return self
 
 

@@ -84,7 +84,7 @@ def persistent_params(work: Workload, layout: Layout) -> int:
 
 @cache
 def _persistent(shape: ModelShape, threshold: int) -> int:
-    return sum(n for n in shape.tensor_numels() if n < threshold)
+    return sum(n * count for n, count in shape.tensor_counts() if n < threshold)
 
 
 def param_bytes(work: Workload, layout: Layout) -> int:
