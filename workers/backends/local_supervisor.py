@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from workers.backends.shm import remove_deepspeed_buffers
+from workers.backends.shm import remove_deepspeed_buffers, remove_orphaned_buffers
 
 POLL_S = 0.5
 LOCK_WAIT_S = 2.0
@@ -44,6 +44,7 @@ def main(attempt_dir: Path) -> int:
     _clear_groups([process.pid for _rank, process, _log in nodes])
     if master := launch.get("master"):  # every rank has ended: its shared memory can go
         remove_deepspeed_buffers(master["addr"], master["port"])
+    remove_orphaned_buffers()  # and those of worlds killed before their own cleanup ran
     _write_result(attempt_dir, codes, first_failure, cancelled["flag"])
     return 0
 
