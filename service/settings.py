@@ -11,6 +11,7 @@ import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr
@@ -61,6 +62,11 @@ class ApiSettings(BaseModel):
     public_url: str | None = None
 
 
+class LogSettings(BaseModel):
+    format: Literal["text", "json"] = "text"  # json: one object per line, with request/job ids
+    level: str = "INFO"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ZEROPILOT_", env_nested_delimiter="__")
 
@@ -71,6 +77,7 @@ class Settings(BaseSettings):
     workers: WorkerSettings = Field(default_factory=WorkerSettings)
     clusters: ClusterSettings = Field(default_factory=ClusterSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
 
     @property
     def database_url(self) -> str:

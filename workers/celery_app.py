@@ -6,6 +6,7 @@ from celery import Celery
 
 from service.settings import Settings, get_settings
 from service.tasks import RECONCILE
+from workers import observe
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -23,6 +24,7 @@ def make_celery(settings: Settings) -> Celery:
             "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s}
         },
     )
+    observe.install(settings)
     return app
 
 

@@ -22,6 +22,8 @@ from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
+from service.logs import job_id as current_job_id
+from service.metrics import ATTEMPTS_LAUNCHED
 from service.security import attempt_token
 from service.settings import Settings
 from workers.backends import get_backend
@@ -37,6 +39,7 @@ def launch_attempt(settings: Settings, attempt_id: str) -> None:
         if claimed is None:
             return
         job, attempt = claimed
+        current_job_id.set(job.id)  # on this task's log lines
         profile = settings.cluster_profiles()[job.cluster]
         request = build_request(settings, job, attempt, profile)
     backend = get_backend(profile.kind)
@@ -46,6 +49,8 @@ def launch_attempt(settings: Settings, attempt_id: str) -> None:
     except PermanentError as exc:
         _fail_launch(settings, attempt_id, str(exc))
         return
+    ATTEMPTS_LAUNCHED.labels(profile.name, profile.kind).inc()
+    log.info("attempt %s submitted to %s as %s", attempt_id, profile.name, ref)
     _pause(settings.workers.fault_pause_after_submit_s)
     if _record_ref(settings, attempt_id, ref, backend.log_path(ref)):
         backend.cancel(profile, ref)  # cancelled while we were submitting

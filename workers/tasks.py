@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from service.metrics import RECONCILE_LAST_PASS, RECONCILE_SECONDS
 from service.settings import get_settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, RECONCILE
 from workers import launch, reconcile
@@ -27,4 +30,6 @@ def cancel_attempt(attempt_id: str) -> None:
 
 @app.task(name=RECONCILE)
 def reconcile_all() -> None:
-    reconcile.reconcile(get_settings())
+    with RECONCILE_SECONDS.time():
+        reconcile.reconcile(get_settings())
+    RECONCILE_LAST_PASS.set(time.time())

@@ -8,9 +8,11 @@ in this one. Ctrl-C stops both.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import FrameType
 
 from zeropilot import credentials
@@ -18,12 +20,6 @@ from zeropilot.cli_common import console
 
 
 def run_embedded(host: str | None, port: int | None) -> None:
-    import uvicorn
-
-    from service.api.app import create_app
-    from service.db.migrate import upgrade
-    from service.db.session import session_scope
-    from service.db.users import bootstrap_admin
     from service.settings import get_settings
 
     if host:  # through the environment, so that the worker child sees the same values
@@ -33,6 +29,15 @@ def run_embedded(host: str | None, port: int | None) -> None:
     get_settings.cache_clear()
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _share_metrics(settings.data_dir / "prometheus")  # before anything imports the client
+
+    import uvicorn
+
+    from service.api.app import create_app
+    from service.db.migrate import upgrade
+    from service.db.session import session_scope
+    from service.db.users import bootstrap_admin
+
     upgrade(settings.database_url)
     with session_scope(settings.database_url) as session:
         token = bootstrap_admin(session)
@@ -48,6 +53,7 @@ def run_embedded(host: str | None, port: int | None) -> None:
         f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
         highlight=False,
     )
+    console.print(f"console: {settings.public_url}/console", highlight=False)
     console.print(
         f"data in {settings.data_dir}; worker log {settings.data_dir / 'worker.log'}",
         highlight=False,
@@ -66,6 +72,16 @@ def run_embedded(host: str | None, port: int | None) -> None:
             worker.wait(timeout=20)
         except subprocess.TimeoutExpired:
             worker.kill()
+
+
+def _share_metrics(folder: Path) -> None:
+    """API and worker add up their Prometheus metrics in one folder, emptied at each start
+    (prometheus-client's multiprocess mode; files of dead processes would count twice)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        return  # the operator chose one
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
 
 
 def worker_argv(schedule: str, *extra: str) -> list[str]:

@@ -48,6 +48,8 @@ class Stack:
             "ZEROPILOT_API__PORT": str(self.port),
             "ZEROPILOT_WORKERS__RECONCILE_INTERVAL_S": "1",
             "ZEROPILOT_WORKERS__LAUNCH_LEASE_S": "5",
+            # API and workers add up their Prometheus metrics here, as zeropilot up sets it.
+            "PROMETHEUS_MULTIPROC_DIR": str(data_dir / "prometheus"),
             **{f"ZEROPILOT_{key.upper()}": value for key, value in settings.items()},
         }
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -98,7 +100,7 @@ class Stack:
     def _spawn(
         self, argv: list[str], log_name: str, extra: dict[str, str]
     ) -> subprocess.Popen[bytes]:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "prometheus").mkdir(parents=True, exist_ok=True)
         with (self.data_dir / log_name).open("ab") as log:
             process = subprocess.Popen(
                 argv,

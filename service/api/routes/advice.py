@@ -19,6 +19,7 @@ from service.core.advisor import Candidate, NoPlanFits, advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.spec import JobSpec
+from service.metrics import ADVISOR_SECONDS
 
 router = APIRouter(prefix="/v1/advice", tags=["advice"])
 
@@ -77,7 +78,8 @@ def advise_job(
     spec = parse_job(body)
     profile = profile_for(spec, profiles)
     try:
-        advice = advise(spec, profile, chosen)
+        with ADVISOR_SECONDS.labels("/v1/advice").time():
+            advice = advise(spec, profile, chosen)
     except NoPlanFits as exc:
         raise _no_plan(exc) from exc
     except ValueError as exc:

@@ -28,6 +28,7 @@ from service.db.admission import admit_pending, refusal
 from service.db.models import Job, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
+from service.metrics import ADVISOR_SECONDS
 from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
@@ -52,7 +53,8 @@ def create_job(
     if why := refusal(team, profile.name, gpus, profile.max_gpus):
         raise _unprocessable("resources", why)
     try:
-        advice = advise(spec, profile)
+        with ADVISOR_SECONDS.labels("/v1/jobs").time():
+            advice = advise(spec, profile)
     except NoPlanFits as exc:
         raise _unprocessable("resources", str(exc)) from exc
     except ValueError as exc:  # e.g. zero.overrides that break the batch identity

@@ -1,0 +1,111 @@
+"""``GET /metrics``: Prometheus text format, for the monitoring that operators already run.
+
+It adds up what this host's or pod's API and worker processes recorded (``service.metrics``,
+through ``PROMETHEUS_MULTIPROC_DIR`` when set) and reads the current state from the database
+at scrape time: jobs by status and cluster, each team's queue and GPUs, which any replica
+reports the same. No bearer token, as scrapers expect; it carries counts and team names only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Response
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from service.api.deps import SettingsDep
+from service.core.states import JobStatus
+from service.db.admission import held
+from service.db.models import Job, Team
+from service.db.session import get_engine
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(settings: SettingsDep) -> Response:
+    database = CollectorRegistry(auto_describe=False)
+    database.register(DatabaseCollector(settings.database_url))
+    body = generate_latest(_process_registry()) + generate_latest(database)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def _process_registry() -> CollectorRegistry:
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
+class DatabaseCollector:
+    """Gauges of what the database holds now, read once per scrape."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+
+    def collect(self) -> Iterator[Metric]:
+        with Session(get_engine(self.database_url)) as session:
+            yield _jobs_by_status(session)
+            yield from _team_gauges(session)
+
+
+def _jobs_by_status(session: Session) -> Metric:
+    family = GaugeMetricFamily(
+        "zeropilot_jobs", "Jobs in each status, by cluster.", labels=["cluster", "status"]
+    )
+    query = select(Job.cluster, Job.status, func.count()).group_by(Job.cluster, Job.status)
+    for cluster, status, count in session.exec(query).all():
+        family.add_metric([cluster, status], count)
+    return family
+
+
+def _team_gauges(session: Session) -> Iterator[Metric]:
+    teams = session.exec(select(Team).order_by(Team.name)).all()
+    names = {team.id: team.name for team in teams if team.id is not None}
+    usage = held(session, names)
+    depth = GaugeMetricFamily(
+        "zeropilot_queue_depth", "Jobs waiting for admission.", labels=["team"]
+    )
+    oldest = GaugeMetricFamily(
+        "zeropilot_queue_oldest_wait_seconds",
+        "How long the team's oldest waiting job has waited.",
+        labels=["team"],
+    )
+    gpus = GaugeMetricFamily(
+        "zeropilot_team_gpus_held", "GPUs held by admitted jobs.", labels=["team"]
+    )
+    quota = GaugeMetricFamily(
+        "zeropilot_team_gpu_quota", "GPU quota, where one is set.", labels=["team"]
+    )
+    waiting = session.exec(
+        select(Job.team_id, func.count(), func.min(Job.created_at))
+        .where(col(Job.status) == JobStatus.PENDING)
+        .group_by(col(Job.team_id))
+    ).all()
+    by_team: dict[int | None, tuple[int, datetime | None]] = {
+        team_id: (count, first) for team_id, count, first in waiting
+    }
+    now = datetime.now(UTC)
+    for team in teams:
+        count, first = by_team.get(team.id, (0, None))
+        depth.add_metric([team.name], count)
+        oldest.add_metric([team.name], _age_s(now, first))
+        gpus.add_metric([team.name], usage.by_team.get(team.name, 0))
+        if team.gpu_quota is not None:
+            quota.add_metric([team.name], team.gpu_quota)
+    yield from (depth, oldest, gpus, quota)
+
+
+def _age_s(now: datetime, since: datetime | None) -> float:
+    if since is None:
+        return 0.0
+    if since.tzinfo is None:  # SQLite returns naive UTC
+        since = since.replace(tzinfo=UTC)
+    return max(0.0, (now - since).total_seconds())
