@@ -125,6 +125,7 @@ def evaluate_layout(
         fits=fits,
         relative_cost=relative_cost(work, layout, calibration),
         ds_config=config,
+        peak_phase=prediction.phase,
     )
 
 

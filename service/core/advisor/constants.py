@@ -1,8 +1,10 @@
 """The memory model's constants, each marked with where its value comes from.
 
 ``CPU-measured``: fitted by ``bench/advisor_calibrate.py`` to real 2-rank DeepSpeed 0.19.8 runs on
-the CPU of the development machine (see docs/advisor.md). ``literature``: from papers or the
-DeepSpeed/PyTorch source, not yet checked on a GPU here. GPU calibration is pending.
+the CPU of the development machine. ``code``: read from the DeepSpeed 0.19.8 / torch /
+transformers source that allocates. ``H200``: confirmed or fitted on the 44 real runs in
+bench/data/h200_runs.jsonl (one H200, bf16, Llama). ``literature``: from papers, not checked
+here. docs/advisor.md lists each with its source.
 """
 
 from __future__ import annotations
@@ -35,12 +37,42 @@ class Step:
 
 
 @dataclass(frozen=True)
+class GpuActivations:
+    """Saved tensors on a CUDA device (bf16/fp16 elements unless said), per token."""
+
+    per_hidden: float = (
+        10.0  # code + H200: q, attention out, o_proj/qkv/MLP inputs, 2 fp32 RMSNorms
+    )
+    per_kv: float = 2.0  # code (SDPA saves k and v): H200 runs llama-134m vs llama-1.1b (GQA)
+    gated_per_ffn: float = 4.0  # code (LlamaMLP): gate, SiLU(gate), up, their product
+    plain_per_ffn: float = 2.0  # code (GELU MLP): up and GELU(up); not GPU-measured
+    eager_scores_per_head_token: float = 3.0  # code: fp32 softmax and its 16-bit copy, s x s
+    loss_bytes_per_vocab: float = 12.0  # code (ForCausalLMLoss): 3 fp32 logits in its backward
+    outer_bytes_per_hidden: float = (
+        18.9  # H200 llama-134m Z1/Z3 +ckpt mb=4 s=2048: final norm, head input
+    )
+
+
+@dataclass(frozen=True)
+class GpuStep:
+    """fp32 copies of the stepped elements the update makes on a CUDA device."""
+
+    torch_foreach_copies: float = 1.0  # torch adam.py _multi_tensor_adam: _foreach_sqrt; H200 Z1/Z2
+    fused_copies: float = 0.0  # DeepSpeed FusedAdam multi_tensor_apply updates in place
+
+
+@dataclass(frozen=True)
 class Overhead:
     """What the device holds beyond tensors: runtime context and allocator slack."""
 
-    gpu_context_bytes: int = 600 * MIB  # literature: CUDA context + cuBLAS/NCCL workspaces
+    gpu_context_bytes: int = 600 * MIB  # literature: CUDA context + cuBLAS/NCCL workspaces; not in
+    # the H200 data (torch's counters exclude it): bench/gpu_calibrate.py measures it
     cpu_process_bytes: int = 489 * MIB  # CPU-measured: resident memory beyond tensors, envelope
-    gpu_fragmentation: float = 0.08  # literature: caching-allocator slack on transient tensors
+    # What the caching allocator reserves beyond the allocated peak: least squares over the 44
+    # H200 runs' train_reserved against the predicted allocation (bench/advisor_fit_gpu.py)
+    gpu_reserved_per_transient: float = 0.33  # H200: share of the bytes freed within a step
+    gpu_reserved_per_lazy_state: float = 0.19  # H200: share of optimizer states created inside
+    # the first step (torch/Fused Adam at ZeRO-1/2/3; FP16_Optimizer makes ZeRO-0's at init)
     cpu_fragmentation: float = 0.343  # CPU-measured: freed tensor memory glibc keeps resident
 
 
@@ -60,6 +92,8 @@ class Speeds:
 class Calibration:
     activations: Activations = Activations()
     step: Step = Step()
+    gpu_activations: GpuActivations = GpuActivations()
+    gpu_step: GpuStep = GpuStep()
     overhead: Overhead = Overhead()
     speeds: Speeds = Speeds()
 

@@ -30,6 +30,9 @@ class Knobs:
     max_live_parameters: int
     overlap_comm: bool
     pin_memory: bool
+    sub_group_size: int = (
+        1_000_000_000  # DeepSpeed's ZeRO-3 default: the optimizer steps this much at once
+    )
 
 
 @dataclass(frozen=True)

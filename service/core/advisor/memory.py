@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from service.core.advisor.constants import CALIBRATION, Calibration
+from service.core.advisor.gpu_memory import gpu_activation_bytes, gpu_step_transient
 from service.core.advisor.layout import Layout, Workload
-from service.core.advisor.models import PerGpuBytes
+from service.core.advisor.models import PeakPhase, PerGpuBytes
 from service.core.advisor.shape import ModelShape
 
 FP32 = 4
@@ -41,7 +42,7 @@ class Phase:
 class Prediction:
     per_gpu: PerGpuBytes
     cpu_bytes_per_node: int
-    phase: str  # "forward", "backward" or "step": where the peak is
+    phase: PeakPhase  # where the peak is
 
 
 def predict_memory(
@@ -51,7 +52,7 @@ def predict_memory(
     host = offloaded_bytes_per_rank(work, layout)
     params = param_bytes(work, layout)
     optimizer = optimizer_bytes(work, layout) + (host if work.on_cpu else 0)
-    phases = {
+    phases: dict[PeakPhase, Phase] = {
         "forward": forward_phase(work, layout, calibration),
         "backward": backward_phase(work, layout, calibration),
         "step": step_phase(work, layout, calibration),
@@ -59,7 +60,8 @@ def predict_memory(
     phase = max(phases, key=lambda name: phases[name].transient())
     peak = phases[phase]
     dynamic = params + optimizer + peak.transient()
-    overhead = overhead_bytes(work, dynamic, calibration)
+    held = params + optimizer + held_gradients(work, layout) + held_bucket_bytes(work, layout)
+    overhead = overhead_bytes(work, dynamic, held, lazy_state_bytes(work, layout), calibration)
     per_gpu = PerGpuBytes.model_construct(
         params=params,
         gradients=peak.gradients,
@@ -144,6 +146,13 @@ def forward_phase(work: Workload, layout: Layout, calibration: Calibration) -> P
     """Start of backward: every activation kept for backward, next to the reduction buckets
     (allocated as backward begins; ZeRO-0's all-reduce buffer too, as measured) and ZeRO-3's
     gathered parameters."""
+    if not work.on_cpu:  # H200: no reduction bucket is allocated before the first gradient
+        return Phase(
+            gradients=held_gradients(work, layout),
+            buffers=held_bucket_bytes(work, layout) + gathered_bytes(work, layout),
+            activations=gpu_activation_bytes(work, layout, calibration),
+            temporaries=0,
+        )
     return Phase(
         gradients=held_gradients(work, layout),
         buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
@@ -154,16 +163,28 @@ def forward_phase(work: Workload, layout: Layout, calibration: Calibration) -> P
 
 def backward_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
     """End of backward: gradients produced and reduced, buckets in flight, the last logits."""
+    gradients = held_gradients(work, layout) + unreduced_gradient_bytes(work, layout)
+    if not work.on_cpu and layout.stage in (1, 2) and not layout.offload_optimizer:
+        # stage_1_and_2.py get_flat_partition: the flat 16-bit partition beside the grads
+        gradients += work.weight_bytes * partition(work.shape.parameters, work)
     return Phase(
-        gradients=held_gradients(work, layout) + unreduced_gradient_bytes(work, layout),
+        gradients=gradients,
         buffers=bucket_bytes(work, layout) + gathered_bytes(work, layout),
-        activations=kept_logits_bytes(work, layout, calibration),
+        activations=kept_logits_bytes(work, layout, calibration) if work.on_cpu else 0,
         temporaries=0,
     )
 
 
 def step_phase(work: Workload, layout: Layout, calibration: Calibration) -> Phase:
     """The optimizer step: fp32 gradients, the update's scratch, the loop's last logits."""
+    if not work.on_cpu:  # the loop keeps no logits (the probe reads only .loss)
+        gradients, scratch = gpu_step_transient(work, layout, calibration)
+        return Phase(
+            gradients=held_gradients(work, layout) + gradients,
+            buffers=held_bucket_bytes(work, layout),
+            activations=0,
+            temporaries=scratch,
+        )
     gradients = held_gradients(work, layout) + fp32_gradient_bytes(work, layout)
     if layout.stage == 0:
         gradients += work.weight_bytes * work.shape.parameters
@@ -248,11 +269,28 @@ def step_temporary_bytes(work: Workload, layout: Layout, calibration: Calibratio
     return int(FP32 * numel * scratch)
 
 
-def overhead_bytes(work: Workload, dynamic: int, calibration: Calibration) -> int:
+def lazy_state_bytes(work: Workload, layout: Layout) -> int:
+    """Optimizer states on the device that the first step creates among its transients: every
+    wrapped optimizer but ZeRO-0's FP16_Optimizer, whose initialize_optimizer_states steps once
+    at init (the H200 runs: 14 bytes/parameter after init at ZeRO-0 in bf16, 6 at ZeRO-1/2)."""
+    if layout.offload_optimizer or (layout.stage == 0 and work.precision != "fp32"):
+        return 0
+    states = SGD_STATES if work.optimizer == "sgd" else ADAM_STATES
+    numel = work.shape.parameters if layout.stage == 0 else partition(work.shape.parameters, work)
+    return states * numel
+
+
+def overhead_bytes(
+    work: Workload, dynamic: int, held: int, lazy_states: int, calibration: Calibration
+) -> int:
+    """Beyond the tensors: on CPU ranks the process and what glibc keeps; on a GPU the CUDA
+    context and what the caching allocator reserves beyond the allocated peak."""
     constants = calibration.overhead
     if work.on_cpu:
         return constants.cpu_process_bytes + int(constants.cpu_fragmentation * dynamic)
-    return constants.gpu_context_bytes + int(constants.gpu_fragmentation * dynamic)
+    reserved = constants.gpu_reserved_per_transient * (dynamic - held)
+    reserved += constants.gpu_reserved_per_lazy_state * lazy_states
+    return constants.gpu_context_bytes + int(reserved)
 
 
 def offloaded_bytes_per_rank(work: Workload, layout: Layout) -> int:

@@ -23,6 +23,12 @@ def format_bytes(nbytes: int) -> str:
 
 
 Policy = Literal["throughput", "capacity"]
+PeakPhase = Literal["forward", "backward", "step"]
+PHASE_WORDS: dict[str, str] = {
+    "forward": "at the start of backward (activations)",
+    "backward": "at the end of backward (gradients and buckets)",
+    "step": "in the optimizer step",
+}
 
 
 class PerGpuBytes(BaseModel):
@@ -60,6 +66,7 @@ class Candidate(BaseModel):
     fits: bool
     relative_cost: float
     ds_config: dict[str, Any]
+    peak_phase: PeakPhase | None = None  # where in a step the peak is; absent in older plans
 
     def label(self) -> str:
         """A short human name, e.g. ``ZeRO-2 +offload(opt) +ckpt mb=4``."""
