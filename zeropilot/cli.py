@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from zeropilot.cli_advice import advise_command, lint_command
+from zeropilot.cli_advice import advise_command, inline_hf_config, lint_command
 from zeropilot.cli_common import (
     JsonOpt,
     api_client,
@@ -38,6 +38,7 @@ def load_spec(path: Path) -> dict[str, Any]:
     """Read a YAML/JSON job spec; relative paths in it are relative to the file's folder."""
     spec = read_mapping(path, "a job spec")
     base = path.resolve().parent
+    inline_hf_config(spec, base)  # the server cannot read the user's config.json
     working_dir = Path(str(spec.get("working_dir") or "."))
     spec["working_dir"] = str(working_dir if working_dir.is_absolute() else base / working_dir)
     return spec

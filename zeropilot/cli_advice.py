@@ -6,6 +6,7 @@ without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,8 +36,42 @@ GpuMemoryOpt = Annotated[
 ]
 
 
-def load_job(path: Path, nodes: int | None = None, gpus_per_node: int | None = None) -> JobSpec:
+HfConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--hf-config", help="A Hugging Face config.json to plan the model from."),
+]
+
+
+def inline_hf_config(spec: dict[str, Any], base: Path, config: Path | None = None) -> None:
+    """Put a config.json's content where the spec names it (``model.hf_config`` as a path,
+    relative to the spec's folder) or where ``--hf-config`` gives it; exit 2 naming the field."""
+    model = spec.get("model")
+    if config is not None:
+        kept = {k: model[k] for k in ("attention",) if isinstance(model, dict) and k in model}
+        spec["model"] = model = {**kept, "hf_config": str(config.resolve())}
+    if not isinstance(model, dict) or not isinstance(model.get("hf_config"), str):
+        return
+    path = Path(model["hf_config"])
+    path = path if path.is_absolute() else base / path
+    try:
+        content = json.loads(path.read_text())
+    except OSError as exc:
+        fail(f"model.hf_config: cannot read {path}: {exc.strerror}", 2)
+    except json.JSONDecodeError as exc:
+        fail(f"model.hf_config: {path} is not valid JSON: {exc}", 2)
+    if not isinstance(content, dict):
+        fail(f"model.hf_config: {path} must hold a JSON object", 2)
+    model["hf_config"] = content
+
+
+def load_job(
+    path: Path,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    hf_config: Path | None = None,
+) -> JobSpec:
     raw = read_mapping(path, "a job spec")
+    inline_hf_config(raw, path.resolve().parent, hf_config)
     resources = dict(raw.get("resources") or {})
     if nodes is not None:
         resources["nodes"] = nodes
@@ -112,9 +147,10 @@ def advise_command(
     chart: Annotated[
         Path | None, typer.Option("--chart", help="Write an SVG of each candidate's memory.")
     ] = None,
+    hf_config: HfConfigOpt = None,
 ) -> None:
     """Predict per-GPU memory for every DeepSpeed configuration of a job and pick one."""
-    spec = load_job(file, nodes, gpus_per_node)
+    spec = load_job(file, nodes, gpus_per_node, hf_config)
     profile = profile_for(spec, gpu_memory_gib, file)
     try:
         advice = advise(spec, profile)

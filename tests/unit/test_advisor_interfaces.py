@@ -292,3 +292,80 @@ def test_cli_lint_exit_codes(cli: typer.Typer, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert any(f["severity"] == "error" for f in json.loads(result.output))
     assert runner.invoke(cli, ["lint", str(not_json)]).exit_code == 2
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LLAMA_CONFIG: dict[str, Any] = json.loads((EXAMPLES / "llama-7b" / "config.json").read_text())
+
+
+def test_post_advice_plans_from_an_inline_hf_config(api: TestClient) -> None:
+    parts = {**LLAMA_PARTS, "model": {"hf_config": LLAMA_CONFIG}}
+
+    response = api.post("/v1/advice", json=parts)
+
+    assert response.status_code == 200, response.text
+    by_shape = api.post("/v1/advice", json={**LLAMA_PARTS, "model": {**LLAMA_7B, "mlp": "gated"}})
+    assert response.json()["plan"] == by_shape.json()["plan"]  # the same model, said two ways
+
+
+def test_post_advice_refuses_a_config_path_naming_the_field(api: TestClient) -> None:
+    parts = {**LLAMA_PARTS, "model": {"hf_config": "config.json"}}
+
+    response = api.post("/v1/advice", json=parts)
+
+    assert response.status_code == 422
+    detail = response.json()["detail"][0]
+    assert detail["loc"][-2:] == ["model", "hf_config"]
+    assert "send the config.json content inline" in detail["msg"]
+
+
+def test_cli_advise_reads_the_spec_example_with_its_config_json(cli: typer.Typer) -> None:
+    spec = EXAMPLES / "llama-7b-h200.yaml"
+
+    result = CliRunner().invoke(
+        cli, ["advise", str(spec), "--gpu-memory-gib", "139.8", "--json"], terminal_width=200
+    )
+
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)["plan"]
+    assert (plan["zero_stage"], plan["activation_checkpointing"], plan["peak_phase"]) == (
+        3, True, "step",
+    )  # fmt: skip
+
+
+def test_cli_advise_hf_config_option_replaces_the_model(cli: typer.Typer, tmp_path: Path) -> None:
+    spec = write(tmp_path / "job.yaml", TINY)
+    small = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512}
+    config = {**LLAMA_CONFIG, **small, "num_attention_heads": 4, "num_key_value_heads": 4}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+
+    result = CliRunner().invoke(cli, ["advise", str(spec), "--hf-config", str(path), "--json"])
+
+    assert result.exit_code == 0, result.output
+    candidates = json.loads(result.output)["candidates"]
+    # embeddings and head, 2 blocks of q/k/v/o, gate/up/down and 2 norms, the final norm
+    parameters = 2 * 32000 * 256 + 2 * (4 * 256 * 256 + 3 * 256 * 512 + 2 * 256) + 256
+    zero0 = next(c for c in candidates if c["zero_stage"] == 0)
+    assert zero0["per_gpu_bytes"]["params"] == 2 * parameters  # bf16 weights of that model
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "model.hf_config: cannot read"),
+        ("{not json", "is not valid JSON"),
+        ('{"model_type": "bert"}', "model.hf_config.model_type 'bert' is not a family"),
+    ],
+)
+def test_cli_advise_bad_hf_config_exits_2_naming_the_field(
+    cli: typer.Typer, tmp_path: Path, content: str | None, message: str
+) -> None:
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    spec = write(tmp_path / "job.yaml", {**TINY, "model": {"hf_config": "config.json"}})
+
+    result = CliRunner().invoke(cli, ["advise", str(spec)], terminal_width=200)
+
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
