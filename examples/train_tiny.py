@@ -73,6 +73,25 @@ def memory_peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def address_space_bytes() -> int:
+    """This process's virtual memory size (VmSize), what RLIMIT_AS limits."""
+    with open("/proc/self/status") as status:
+        kib = next(line.split()[1] for line in status if line.startswith("VmSize:"))
+    return int(kib) * 1024
+
+
+def cap_memory(growth_mib: int) -> None:
+    """Let this rank map at most ``growth_mib`` more than it has now (RLIMIT_AS), so that a plan
+    whose step needs more really runs out of host memory, as under a tighter machine.
+
+    Run it with ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment: glibc then maps every large
+    tensor on its own and unmaps it when freed, so the address space follows live memory.
+    """
+    limit = address_space_bytes() + growth_mib * 1024**2
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    print(f"memory capped: address space limit {limit} bytes (+{growth_mib} MiB)", flush=True)
+
+
 def load_resume_point(engine: deepspeed.DeepSpeedEngine, resume: ResumePoint) -> int:
     """Load the checkpoint zeropilot chose through the engine (see zeropilot.runtime)."""
     full = resume.load_optimizer_states
@@ -103,6 +122,19 @@ def parse_args() -> argparse.Namespace:
         "--activation-checkpointing",
         action="store_true",
         default=os.environ.get("ZEROPILOT_ACTIVATION_CHECKPOINTING") == "1",
+    )
+    parser.add_argument(
+        "--memory-cap-mib",
+        type=int,
+        default=int(os.environ.get("TINY_MEMORY_CAP_MIB", "0")),
+        help="from --memory-cap-at-step on, each rank may map only this many MiB more than it "
+        "holds between steps (RLIMIT_AS); 0: no cap",
+    )
+    parser.add_argument(
+        "--memory-cap-at-step",
+        type=int,
+        default=int(os.environ.get("TINY_MEMORY_CAP_AT_STEP", "1")),
+        help="the step from which the cap holds (later than 1: a checkpoint exists before it)",
     )
     parser.add_argument("--fail-at-step", type=int, default=0, help="exit 3 at this step (tests)")
     parser.add_argument("--oom-at-step", type=int, default=0, help="raise an OOM here (tests)")
@@ -140,6 +172,8 @@ def main() -> None:
     accumulation = engine.gradient_accumulation_steps()
     with reporter.oom_guard():
         for step in range(start_step + 1, args.steps + 1):
+            if args.memory_cap_mib and step == max(args.memory_cap_at_step, start_step + 1):
+                cap_memory(args.memory_cap_mib)
             began = time.perf_counter()
             loss_sum = 0.0
             for _ in range(accumulation):

@@ -1,4 +1,4 @@
-"""Climbing the memory ladder after an out-of-memory failure: plan attempt N+1 and queue it."""
+"""After an out-of-memory failure: re-plan with the evidence, queue attempt N+1, or say why not."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from sqlmodel import Session
 
 from service.core.advisor import Candidate
 from service.core.clusters import ClusterProfile
-from service.core.escalation import next_rung
-from service.core.failures import FailureClass
+from service.core.escalation import Decision, evidence_from, replan
+from service.core.failures import Diagnosis
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
-from service.db.models import Attempt, Job
+from service.db.models import Attempt, Job, JobEvent
 from service.db.transitions import move_job
 
 
@@ -21,32 +21,82 @@ def escalate(
     attempt: Attempt,
     spec: JobSpec,
     profile: ClusterProfile,
-    failure: FailureClass,
-) -> str | None:
-    """Plan the next rung and queue it; return the new attempt's id, or None when none is left."""
+    diagnosis: Diagnosis,
+) -> tuple[str | None, str]:
+    """Queue the next attempt; return its id, or None and the reason (with numbers) why not."""
+    failure = diagnosis.failure_class
     if attempt.number >= spec.escalation.max_attempts:
-        return None
+        limit = spec.escalation.max_attempts
+        return None, f"not re-planned: {attempt.number} of at most {limit} attempts used"
+    evidence = evidence_from(diagnosis.as_record(), attempt.runtime_evidence)
     current = Candidate.model_validate(attempt.plan)
     tried = [Candidate.model_validate(a.plan) for a in attempts_of(session, job.id)]
-    step = next_rung(spec, profile, current, failure, tried)
-    if step is None:
-        return None
-    candidate, description = step
-    active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
-    if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {description}"):
-        return None
+    decision = replan(spec, profile, current, evidence, tried)
+    if decision is None:
+        return None, ""
+    if decision.action == "stop" or decision.plan is None:
+        reason = f"not re-planned: {decision.reason} ({evidence.describe()})"
+        _note(session, attempt, reason)
+        return None, reason
+    moved = move_job(
+        session,
+        job,
+        (JobStatus.LAUNCHING, JobStatus.RUNNING),
+        JobStatus.ESCALATING,
+        _escalation_reason(failure, diagnosis, evidence.describe(), current, decision),
+    )
+    if not moved:
+        return None, ""
+    return _queue(session, job, attempt, spec, profile, current, decision), ""
+
+
+def _escalation_reason(
+    failure: str, diagnosis: Diagnosis, evidence: str, current: Candidate, decision: Decision
+) -> str:
+    assert decision.plan is not None
+    plans = f"{current.label()} -> {decision.plan.label()}"
+    if decision.action == "retry":
+        return f"{failure}: {evidence}; {plans} kept: {decision.reason}"
+    return f"{failure}: {evidence}; {plans} ({decision.change}): {decision.reason}"
+
+
+def _note(session: Session, attempt: Attempt, reason: str) -> None:
+    """An event on the attempt: why the job ends here, with the numbers."""
+    session.add(
+        JobEvent(
+            job_id=attempt.job_id,
+            subject="attempt",
+            attempt_number=attempt.number,
+            from_status=attempt.status,
+            to_status=attempt.status,
+            reason=reason[:2000],
+        )
+    )
+
+
+def _queue(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    spec: JobSpec,
+    profile: ClusterProfile,
+    current: Candidate,
+    decision: Decision,
+) -> str:
+    assert decision.plan is not None
     checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
-    method = resume_method(current, candidate) if checkpoint else None
-    plan = candidate.model_dump(mode="json")
+    method = resume_method(current, decision.plan) if checkpoint else None
+    plan = decision.plan.model_dump(mode="json")
     if method == "universal":  # the engine must be built to load one
         plan["ds_config"]["checkpoint"] = {"load_universal": True}
+    rung = "retry: other processes held the GPU" if decision.action == "retry" else decision.change
     number = attempt.number + 1
     new = add_attempt(
         session,
         job,
         number=number,
         plan=plan,
-        rung=description,
+        rung=rung,
         backend=profile.kind,
         resumed_from=checkpoint.path if checkpoint else None,
         resume_method=method,
@@ -56,7 +106,7 @@ def escalate(
         job,
         JobStatus.ESCALATING,
         JobStatus.QUEUED,
-        f"attempt {number} queued: {description}",
+        f"attempt {number} queued: {rung}",
         current_attempt=number,
         plan=plan,
     )

@@ -9,11 +9,12 @@ behind, and stops processes of jobs that users cancelled.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 
 from sqlmodel import Session, col, select
 
-from service.core.failures import FailureClass
+from service.core.failures import Diagnosis, FailureClass, diagnose_failure
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.admission import admit_pending, any_waiting
@@ -159,10 +160,9 @@ def _mark_succeeded(session: Session, job: Job, attempt: Attempt, status: Backen
 def _mark_failed(
     session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
 ) -> str | None:
-    failure = status.failure_class(attempt.runtime_failure_tag)
-    if status.state == BackendState.LOST and failure == FailureClass.USER_ERROR:
-        failure = FailureClass.NODE_LOST
-    summary = _failure_summary(failure, status)
+    diagnosis = diagnose(attempt, status)
+    failure = diagnosis.failure_class
+    summary = _failure_summary(diagnosis, status)
     moved = move_attempt(
         session,
         attempt,
@@ -173,15 +173,17 @@ def _mark_failed(
         native_state=status.native_state,
         failure_class=failure,
         failure_message=summary[:2000],
+        failure_evidence=diagnosis.as_record(),
     )
     if not moved:
         return None
     spec = JobSpec.model_validate(job.spec)
     profile = settings.cluster_profiles()[job.cluster]
     if failure.out_of_memory and spec.escalation.enabled:
-        next_attempt = escalate(session, job, attempt, spec, profile, failure)
+        next_attempt, why_not = escalate(session, job, attempt, spec, profile, diagnosis)
         if next_attempt is not None:
             return next_attempt
+        summary = f"{summary}; {why_not}" if why_not else summary
     if failure == FailureClass.CANCELLED:
         move_job(
             session,
@@ -203,16 +205,32 @@ def _mark_failed(
     return None
 
 
-def _failure_summary(failure: FailureClass, status: BackendStatus) -> str:
-    last = next((ln for ln in reversed(status.log_tail.splitlines()) if ln.strip()), "")
-    parts = [
-        f"{failure}",
-        f"exit code {status.exit_code}" if status.exit_code is not None else "",
-        status.native_state,
-        status.reason,
-        last[:300],
-    ]
-    return "; ".join(p for p in parts if p)
+def diagnose(attempt: Attempt, status: BackendStatus) -> Diagnosis:
+    """Class, lines and numbers of a finished failure, the runtime's own report included."""
+    reported = attempt.runtime_evidence.get("failure", {})
+    diagnosis = diagnose_failure(
+        exit_code=status.exit_code,
+        native_state=status.native_state,
+        reason=status.reason,
+        log_tail=status.log_tail,
+        runtime_tag=attempt.runtime_failure_tag,
+        runtime_message=reported.get("message", ""),
+        runtime_numbers=reported.get("numbers", {}),
+    )
+    if status.state == BackendState.LOST and diagnosis.failure_class == FailureClass.USER_ERROR:
+        return replace(diagnosis, failure_class=FailureClass.NODE_LOST)
+    return diagnosis
+
+
+def _failure_summary(diagnosis: Diagnosis, status: BackendStatus) -> str:
+    """The class, how the process ended, and the line that ended it."""
+    head = f"{diagnosis.failure_class}"
+    if status.exit_code is not None:
+        head += f" (exit code {status.exit_code})"
+    elif status.native_state:
+        head += f" ({status.native_state})"
+    line = diagnosis.line or status.reason
+    return f"{head}: {line[:600]}" if line else head
 
 
 def _attempts_to_poll(settings: Settings) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
 
 _OOM_GPU_PATTERNS = ("cuda out of memory", "outofmemoryerror", "hip out of memory", "out of memory")
+_OOM_HOST_PATTERNS = ("defaultcpuallocator: can't allocate", "std::bad_alloc")
 
 
 @dataclass
@@ -73,23 +75,37 @@ class Reporter:
         """Report a checkpoint that has been completely written (call it after save returns)."""
         self._post("checkpoints", {"step": step, "path": os.path.abspath(path), "tag": tag})
 
-    def failure(self, failure_class: str, message: str) -> None:
+    def failure(
+        self, failure_class: str, message: str, evidence: dict[str, int] | None = None
+    ) -> None:
         """Tag this attempt's failure explicitly; the classifier trusts this tag first."""
         print(f"{FAILURE_MARKER}{failure_class} {message[:200]}", file=sys.stderr, flush=True)
-        self._post("failure", {"failure_class": failure_class, "message": message[:2000]})
+        payload = {"failure_class": failure_class, "message": message[:2000]}
+        self._post("failure", {**payload, "evidence": evidence or {}})
+
+    def device_memory(self) -> None:
+        """Record this rank's device memory (free, total, held by others) as it starts."""
+        numbers = device_memory()
+        free, total = numbers.pop("device_free_bytes"), numbers.pop("device_total_bytes")
+        report = {"device_free_bytes": free, "device_total_bytes": total, "numbers": numbers}
+        self._post("device", {"rank": _rank(), **report})
 
     @contextmanager
     def oom_guard(self) -> Iterator[None]:
-        """Tag allocator failures as OOM before the exception ends the process."""
+        """Record the device's memory as training starts; tag allocator failures as OOM, with
+        the numbers this process saw, before the exception ends the process."""
+        self.device_memory()
         try:
             yield
         except MemoryError as exc:
-            self.failure("OOM_HOST", f"MemoryError: {exc}")
+            self.failure("OOM_HOST", f"MemoryError: {exc}", host_memory())
             raise
         except RuntimeError as exc:  # torch.OutOfMemoryError subclasses RuntimeError
-            text = f"{type(exc).__name__}: {exc}"
-            if any(p in text.lower() for p in _OOM_GPU_PATTERNS):
-                self.failure("OOM_GPU", text)
+            text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            if any(p in text.lower() for p in _OOM_HOST_PATTERNS):
+                self.failure("OOM_HOST", text, host_memory())
+            elif any(p in text.lower() for p in _OOM_GPU_PATTERNS):
+                self.failure("OOM_GPU", text, device_memory())
             raise
 
     def _post(self, kind: str, payload: dict[str, Any]) -> None:
@@ -114,6 +130,83 @@ class Reporter:
         if not self._warned:  # one warning, not one per step
             print(f"zeropilot: {message}", file=sys.stderr, flush=True)
             self._warned = True
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def host_memory() -> dict[str, int]:
+    """This process's memory and the limits on it: what a host OOM is measured against."""
+    numbers: dict[str, int] = {}
+    status = _read_kib_fields(
+        "/proc/self/status",
+        {"VmSize": "in_use_bytes", "VmRSS": "rss_bytes", "VmHWM": "peak_rss_bytes"},
+    )
+    numbers.update(status)
+    limit = _address_space_limit()
+    if limit is not None:
+        numbers["limit_bytes"] = limit  # RLIMIT_AS: the in-use figure is the address space
+    meminfo = _read_kib_fields(
+        "/proc/meminfo", {"MemTotal": "total_bytes", "MemAvailable": "free_bytes"}
+    )
+    numbers.update(meminfo)
+    if (cgroup := _cgroup_limit()) is not None:
+        numbers["cgroup_limit_bytes"] = cgroup
+    return numbers
+
+
+def device_memory() -> dict[str, int]:
+    """Free and total bytes of this rank's device; on a CPU rank the host is the device."""
+    torch = sys.modules.get("torch")  # only what the training process has imported already
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        free, total = cuda.mem_get_info()
+        held = int(cuda.memory_reserved())
+        # What is neither free nor ours is another process's (and the driver's context)
+        return {
+            "device_free_bytes": int(free),
+            "device_total_bytes": int(total),
+            "process_bytes": held,
+            "other_processes_bytes": max(total - free - held, 0),
+        }
+    host = host_memory()
+    return {
+        "device_free_bytes": host.get("free_bytes", 0),
+        "device_total_bytes": host.get("total_bytes", 0),
+        **{k: v for k, v in host.items() if k not in ("free_bytes", "total_bytes")},
+    }
+
+
+def _read_kib_fields(path: str, names: dict[str, str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    try:
+        with open(path) as source:
+            for line in source:
+                key, _, value = line.partition(":")
+                if key in names and value.strip().endswith("kB"):
+                    found[names[key]] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return found
+
+
+def _address_space_limit() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2, then v1), if one is set."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as source:
+                text = source.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 says "no limit" with a huge number
+            return int(text)
+    return None
 
 
 def checkpoint_dir(default: str = "checkpoints") -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,8 @@ class AttemptPublic(Public):
     exit_code: int | None
     failure_class: str | None
     failure_message: str
+    failure_evidence: dict[str, Any]  # class, the lines that show it, the numbers parsed
+    runtime_evidence: dict[str, Any]  # device memory per rank at start, numbers at failure
     resumed_from: str | None
     resume_method: str | None
     created_at: datetime
@@ -118,6 +120,23 @@ class FailureReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     failure_class: str = Field(pattern=r"^[A-Z_]{2,32}$")
     message: str = Field(default="", max_length=4000)
+    # What the process measured as it failed, e.g. tried, in-use and limit bytes.
+    evidence: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], int] = Field(
+        default_factory=dict, max_length=32
+    )
+
+
+class DeviceReport(BaseModel):
+    """One rank's device memory as it starts training (the host's, on a CPU rank)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(ge=0)
+    device_free_bytes: int = Field(ge=0)
+    device_total_bytes: int = Field(ge=0)
+    # Other figures: this process's share, other processes' share, limits.
+    numbers: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], int] = Field(
+        default_factory=dict, max_length=32
+    )
 
 
 class UserCreate(BaseModel):

@@ -1,51 +1,217 @@
-"""The escalation ladder: after an out-of-memory failure, the next configuration to try.
+"""Re-planning after an out-of-memory failure: the next plan, chosen with the failure's evidence.
 
-On ``OOM_GPU`` the rungs are, cheapest first: activation checkpointing, smaller buckets and
-prefetch, the next ZeRO stage, optimizer offload, parameter offload, then half the micro-batch
-with twice the accumulation (the global batch never changes). On ``OOM_HOST``: unpinned CPU
-buffers, then no offload. A rung is taken only when the advisor predicts that it fits and that
-it needs less memory than the configuration that failed; no configuration is tried twice. When no
-single rung fits, rungs are climbed together in order until the result fits.
+A failure is evidence (see ``failures.Diagnosis``): the bytes an allocation tried, what the
+device had free, what this process and other processes held, the limit. The advisor is asked
+again with it:
 
-Pure: it prices rungs with the advisor's memory model and never looks at the cluster. Pins in the
-spec do not bind the ladder (it exists to leave the first choice); ``escalation.enabled`` and
-``escalation.max_attempts`` do.
+- an OOM caused by other processes on the GPU (this process's need fits the device) keeps the
+  plan: the attempt is retried, not escalated;
+- the observed need (in use + tried) over the failed plan's predicted peak corrects every
+  prediction for this job (never below 1);
+- the next plan is predicted to fit with that correction, saves at least the missing bytes
+  (where unknown, ``MIN_SAVING_FRACTION`` of the failed plan's need), was never tried, and is
+  the fastest (lowest ``relative_cost``) in the earliest tier of the ZeRO article's order:
+  checkpointing or a smaller micro-batch with more accumulation, then a higher stage, then
+  optimizer offload, then parameter offload (``choice.replan_tier``);
+- on a cluster without GPUs the host is the device: the same re-planning (stage, buckets,
+  micro-batch, checkpointing); a host OOM on a GPU cluster re-plans host memory per node;
+- when nothing qualifies, the decision says so with the numbers.
+
+Pure: it prices plans with the advisor's memory model and never looks at the cluster. Pins in
+the spec do not bind it (it exists to leave the first choice); ``escalation.enabled`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
-from service.core.advisor.candidates import Budgets, evaluate_layout, knobs_of, layout_of
+from service.core.advisor.advise import without_pins
+from service.core.advisor.candidates import (
+    Budgets,
+    enumerate_layouts,
+    evaluate_layout,
+    knobs_of,
+    layout_of,
+)
+from service.core.advisor.choice import Replanning, choose_replanned, plan_identity
 from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
-from service.core.advisor.models import Candidate
+from service.core.advisor.models import Candidate, format_bytes
 from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 
+MIN_SAVING_FRACTION = 0.05  # without a missing-bytes figure, a plan must save at least this
 MIN_BUCKET = 10_000_000  # below this, smaller buckets cost throughput and save little
 BUCKET_DIVISOR = 4
-# Settings the ladder itself changes; a user's override of them would undo a rung.
+# Settings re-planning itself changes; a user's override of them would undo the new plan.
 LADDER_OWNED = frozenset(
     {"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"}
 )
 
-Step = Callable[[Layout, Workload], Layout | None]
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an out-of-memory failure measured, in bytes; None where it did not say."""
+
+    failure_class: str
+    missing_bytes: int | None = None
+    tried_bytes: int | None = None
+    process_bytes: int | None = None  # held by the failed process (device) or resident (host)
+    capacity_bytes: int | None = None  # the device's total (or the allowed fraction)
+    other_processes_bytes: int = 0  # held on the device by other processes
+
+    @property
+    def observed_need(self) -> int | None:
+        """What the failed plan needed at least: what it held plus what it asked for."""
+        if self.process_bytes is None or self.tried_bytes is None:
+            return None
+        return self.process_bytes + self.tried_bytes
+
+    def describe(self) -> str:
+        figures = [
+            ("tried", self.tried_bytes),
+            ("missing", self.missing_bytes),
+            ("this process held", self.process_bytes),
+            ("other processes held", self.other_processes_bytes or None),
+            ("device total", self.capacity_bytes),
+        ]
+        return ", ".join(f"{name} {format_bytes(n)}" for name, n in figures if n is not None)
 
 
-def turn_on_checkpointing(layout: Layout, _: Workload) -> Layout | None:
-    return None if layout.checkpointing else replace(layout, checkpointing=True)
+def evidence_from(record: dict[str, Any], runtime: dict[str, Any]) -> Evidence:
+    """Evidence from a stored diagnosis (``Diagnosis.as_record``) and the runtime's reports."""
+    numbers: dict[str, int] = record.get("numbers", {})
+    started = [d.get("numbers", {}) for d in runtime.get("devices", {}).values()]
+    others_at_start = max((n.get("other_processes_bytes", 0) for n in started), default=0)
+    held = numbers.get("process_bytes", numbers.get("rss_bytes"))
+    return Evidence(
+        failure_class=str(record.get("failure_class", "")),
+        missing_bytes=record.get("missing_bytes"),
+        tried_bytes=numbers.get("tried_bytes"),
+        process_bytes=held,
+        capacity_bytes=numbers.get("allowed_bytes", numbers.get("capacity_bytes")),
+        other_processes_bytes=max(numbers.get("other_processes_bytes", 0), others_at_start),
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``escalate`` to ``plan``, ``retry`` the same plan, or ``stop``; ``reason`` has numbers."""
+
+    action: Literal["escalate", "retry", "stop"]
+    reason: str
+    plan: Candidate | None = None
+    change: str = ""  # what differs from the failed plan, in words
+
+
+def replan(
+    spec: JobSpec,
+    profile: ClusterProfile,
+    failed: Candidate,
+    evidence: Evidence,
+    tried: list[Candidate],
+) -> Decision | None:
+    """The decision after ``failed`` ran out of memory; None when escalation does not apply."""
+    if evidence.failure_class not in ("OOM_GPU", "OOM_HOST") or not spec.escalation.enabled:
+        return None
+    if (crowded := _crowded_out(failed, evidence)) is not None:
+        return crowded
+    work = build_workload(spec, profile)
+    replan_spec = _replan_spec(spec)
+    on_host = evidence.failure_class == "OOM_HOST" and not work.on_cpu
+    budgets = Budgets(
+        budget_bytes(profile, DEFAULT_HEADROOM), host_budget_bytes(profile, DEFAULT_HEADROOM)
+    )
+    replanning = _replanning(failed, evidence, tried, budgets, on_host)
+    candidates = [
+        evaluate_layout(replan_spec, work, layout, budgets)
+        for layout in _layouts(replan_spec, work, failed)
+    ]
+    chosen = choose_replanned(candidates, replanning)
+    if chosen is None:
+        return Decision("stop", _nothing_fits(candidates, replanning))
+    return Decision("escalate", _why(chosen, replanning), chosen, describe_change(failed, chosen))
+
+
+def _crowded_out(failed: Candidate, evidence: Evidence) -> Decision | None:
+    """Other processes held the GPU and this process's need fits the device: keep the plan."""
+    if evidence.failure_class != "OOM_GPU" or not evidence.other_processes_bytes:
+        return None
+    capacity = evidence.capacity_bytes
+    need = evidence.observed_need or failed.per_gpu_bytes.total
+    if capacity is None or need > capacity:
+        return None
+    return Decision(
+        "retry",
+        f"other processes held {format_bytes(evidence.other_processes_bytes)} of the GPU's "
+        f"{format_bytes(capacity)}; this plan needs {format_bytes(need)}, which fits a free "
+        "GPU: the plan is kept and the attempt retried",
+        failed,
+    )
+
+
+def _replanning(
+    failed: Candidate,
+    evidence: Evidence,
+    tried: list[Candidate],
+    budgets: Budgets,
+    on_host: bool,
+) -> Replanning:
+    predicted = failed.cpu_bytes_per_node if on_host else failed.per_gpu_bytes.total
+    # One rank's resident bytes say nothing about a node's host total: no correction there.
+    observed = None if on_host else evidence.observed_need
+    correction = max(1.0, observed / predicted) if observed and predicted > 0 else 1.0
+    budget = budgets.host_per_node if on_host else budgets.per_gpu
+    if evidence.capacity_bytes and not on_host:  # the device the job really got
+        budget = min(budget, int(evidence.capacity_bytes * (1.0 - DEFAULT_HEADROOM)))
+    must_save = evidence.missing_bytes
+    if must_save is None:
+        must_save = int(MIN_SAVING_FRACTION * predicted * correction)
+    return Replanning(
+        failed=failed,
+        correction=correction,
+        must_save=must_save,
+        budget=budget,
+        tried=frozenset(plan_identity(c) for c in [*tried, failed]),
+        on_host=on_host,
+    )
+
+
+def _replan_spec(spec: JobSpec) -> JobSpec:
+    """The job without pins, and without the user's overrides of what re-planning changes."""
+    unpinned = without_pins(spec)
+    user_zero = spec.zero.overrides.get("zero_optimization", {})
+    zero = {k: v for k, v in user_zero.items() if k not in LADDER_OWNED}
+    overrides = {**spec.zero.overrides, "zero_optimization": zero}
+    if not zero:
+        overrides.pop("zero_optimization")
+    return unpinned.model_copy(
+        update={"zero": unpinned.zero.model_copy(update={"overrides": overrides})}
+    )
+
+
+def _layouts(spec: JobSpec, work: Workload, failed: Candidate) -> list[Layout]:
+    """Every layout the advisor enumerates, each also with lowered buckets and unpinned
+    offload buffers, plus the failed plan's own layout with those changes."""
+    base = layout_of(
+        failed, knobs_of(failed, model_sized_knobs(work.shape.parameters, failed.zero_stage))
+    )
+    layouts: list[Layout] = []
+    for layout in [base, *enumerate_layouts(spec, work)]:
+        layouts.append(layout)
+        if (lowered := lower_buckets(layout, work)) is not None:
+            layouts.append(lowered)
+        if layout.offload_optimizer and layout.knobs.pin_memory:
+            layouts.append(replace(layout, knobs=replace(layout.knobs, pin_memory=False)))
+    return layouts
 
 
 def lower_buckets(layout: Layout, work: Workload) -> Layout | None:
-    """Quarter the buckets once; a config already below the advisor's sizes was lowered before."""
+    """Quarter the reduce/all-gather buckets and the stage-3 prefetch, not below MIN_BUCKET."""
     knobs = layout.knobs
-    default = model_sized_knobs(work.shape.parameters, layout.stage).reduce_bucket_size
     if layout.stage == 0 or knobs.reduce_bucket_size <= MIN_BUCKET:
-        return None
-    if knobs.reduce_bucket_size < default:
         return None
     smaller = replace(
         knobs,
@@ -59,174 +225,66 @@ def lower_buckets(layout: Layout, work: Workload) -> Layout | None:
     return replace(layout, knobs=smaller)
 
 
-def next_stage(layout: Layout, _: Workload) -> Layout | None:
-    if layout.stage >= 3:
-        return None
-    return replace(layout, stage=layout.stage + 1, knobs=replace(layout.knobs, overlap_comm=True))
-
-
-def offload_optimizer(layout: Layout, _: Workload) -> Layout | None:
-    if layout.offload_optimizer or layout.stage == 0:
-        return None
-    return replace(layout, offload_optimizer=True)
-
-
-def offload_params(layout: Layout, _: Workload) -> Layout | None:
-    if layout.offload_param or layout.stage != 3:
-        return None
-    return replace(layout, offload_optimizer=True, offload_param=True)
-
-
-def halve_micro_batch(layout: Layout, work: Workload) -> Layout | None:
-    if layout.micro_batch % 2:
-        return None
-    return replace(
-        layout, micro_batch=layout.micro_batch // 2, accumulation=layout.accumulation * 2
-    )
-
-
-def unpin_host_buffers(layout: Layout, _: Workload) -> Layout | None:
-    if not layout.offload_optimizer or not layout.knobs.pin_memory:
-        return None
-    return replace(layout, knobs=replace(layout.knobs, pin_memory=False))
-
-
-def leave_offload(layout: Layout, _: Workload) -> Layout | None:
-    if not layout.offload_optimizer:
-        return None
-    return replace(layout, offload_optimizer=False, offload_param=False)
-
-
-GPU_LADDER: tuple[tuple[Step, str], ...] = (
-    (turn_on_checkpointing, "turn on activation checkpointing"),
-    (lower_buckets, "lower the reduce/all-gather buckets and the stage-3 prefetch"),
-    (next_stage, "move to the next ZeRO stage"),
-    (offload_optimizer, "offload the optimizer to the CPU"),
-    (offload_params, "offload the parameters to the CPU"),
-    (halve_micro_batch, "halve the micro-batch and double the accumulation"),
-)
-HOST_LADDER: tuple[tuple[Step, str], ...] = (
-    (unpin_host_buffers, "stop pinning the CPU offload buffers"),
-    (leave_offload, "leave CPU offload"),
-)
-LADDERS = {"OOM_GPU": GPU_LADDER, "OOM_HOST": HOST_LADDER}
-
-
-def next_rung(
-    spec: JobSpec,
-    profile: ClusterProfile,
-    current: Candidate,
-    failure_class: str,
-    tried: list[Candidate],
-) -> tuple[Candidate, str] | None:
-    """The next candidate after ``current`` failed with ``failure_class``, and the step's name."""
-    ladder = LADDERS.get(failure_class)
-    if ladder is None or not spec.escalation.enabled:
-        return None
-    if len({_identity(c) for c in [*tried, current]}) >= spec.escalation.max_attempts:
-        return None
-    work = build_workload(spec, profile)
-    start = layout_of(current, knobs_of(current, model_sized_knobs(work.shape.parameters, 0)))
-    pricing = _Pricing(spec, work, profile, current, tried, failure_class)
-    return _single_step(ladder, start, pricing) or _climb(ladder, start, pricing)
-
-
-class _Pricing:
-    """Evaluates layouts and decides which of them the ladder may take."""
-
-    def __init__(
-        self,
-        spec: JobSpec,
-        work: Workload,
-        profile: ClusterProfile,
-        current: Candidate,
-        tried: list[Candidate],
-        failure_class: str,
-    ) -> None:
-        self.spec, self.work, self.current = spec, work, current
-        self.host_failure = failure_class == "OOM_HOST"
-        self.budgets = Budgets(
-            budget_bytes(profile, DEFAULT_HEADROOM), host_budget_bytes(profile, DEFAULT_HEADROOM)
-        )
-        self.seen = {_identity(c) for c in [*tried, current]}
-
-    def evaluate(self, layout: Layout) -> Candidate:
-        return evaluate_layout(_with_knobs(self.spec, layout), self.work, layout, self.budgets)
-
-    def acceptable(self, candidate: Candidate) -> bool:
-        return candidate.fits and self.saves(candidate) and _identity(candidate) not in self.seen
-
-    def saves(self, candidate: Candidate) -> bool:
-        """A GPU rung must need less GPU memory; a host rung must not need more host memory."""
-        if self.host_failure:
-            return candidate.cpu_bytes_per_node <= self.current.cpu_bytes_per_node
-        return candidate.per_gpu_bytes.total < self.current.per_gpu_bytes.total
-
-
-def _single_step(
-    ladder: tuple[tuple[Step, str], ...], start: Layout, pricing: _Pricing
-) -> tuple[Candidate, str] | None:
-    for step, description in ladder:
-        layout = step(start, pricing.work)
-        while layout is not None:
-            if pricing.acceptable(candidate := pricing.evaluate(layout)):
-                return candidate, description
-            # ZeRO-1 and ZeRO-2 measure alike in DeepSpeed 0.19: try the stage after as well
-            layout = next_stage(layout, pricing.work) if step is next_stage else None
-    return None
-
-
-def _climb(
-    ladder: tuple[tuple[Step, str], ...], start: Layout, pricing: _Pricing
-) -> tuple[Candidate, str] | None:
-    layout, taken = start, []
-    for step, description in ladder:
-        climbed = step(layout, pricing.work)
-        if climbed is None:
-            continue
-        layout = climbed
-        taken.append(description)
-        if pricing.acceptable(candidate := pricing.evaluate(layout)):
-            return candidate, "; then ".join(taken)
-    return None
-
-
-def _with_knobs(spec: JobSpec, layout: Layout) -> JobSpec:
-    """The spec whose overrides carry the layout's knobs, so rendering keeps them."""
-    user_zero = spec.zero.overrides.get("zero_optimization", {})
-    zero = {k: v for k, v in user_zero.items() if k not in LADDER_OWNED}
-    if layout.stage > 0:
-        zero.update(_knob_settings(layout))
-    overrides = {**spec.zero.overrides, "zero_optimization": zero}
-    zero_spec = spec.zero.model_copy(update={"overrides": overrides})
-    return spec.model_copy(update={"zero": zero_spec})
-
-
-def _knob_settings(layout: Layout) -> dict[str, object]:
-    knobs = layout.knobs
-    settings: dict[str, object] = {
-        "reduce_bucket_size": knobs.reduce_bucket_size,
-        "overlap_comm": knobs.overlap_comm,
-    }
-    if layout.stage == 3:
-        settings["stage3_prefetch_bucket_size"] = knobs.prefetch_bucket_size
-    else:
-        settings["allgather_bucket_size"] = knobs.allgather_bucket_size
-    if layout.offload_optimizer:
-        settings["offload_optimizer"] = {"pin_memory": knobs.pin_memory}
-    if layout.offload_param:
-        settings["offload_param"] = {"pin_memory": knobs.pin_memory}
-    return settings
-
-
-def _identity(candidate: Candidate) -> tuple[object, ...]:
-    zero = candidate.ds_config.get("zero_optimization", {})
-    knobs = tuple(sorted((k, str(v)) for k, v in zero.items()))
+def _why(chosen: Candidate, replanning: Replanning) -> str:
+    what = "host memory per node" if replanning.on_host else "peak per rank"
     return (
-        candidate.zero_stage,
-        candidate.offload_optimizer,
-        candidate.offload_param,
-        candidate.activation_checkpointing,
-        candidate.micro_batch_size,
-        knobs,
+        f"predicted {what} {format_bytes(replanning.need(replanning.failed))} -> "
+        f"{format_bytes(replanning.need(chosen))} (x{replanning.correction:.2f} correction from "
+        f"the observed need), saves {format_bytes(replanning.saving(chosen))} >= "
+        f"{format_bytes(replanning.must_save)} needed, relative cost "
+        f"{replanning.failed.relative_cost:.3f} -> {chosen.relative_cost:.3f}"
     )
+
+
+def _nothing_fits(candidates: list[Candidate], replanning: Replanning) -> str:
+    fresh = [c for c in candidates if plan_identity(c) not in replanning.tried]
+    head = (
+        f"no untried plan is predicted to fit {format_bytes(replanning.budget)} with the "
+        f"x{replanning.correction:.2f} correction and to save the "
+        f"{format_bytes(replanning.must_save)} needed"
+    )
+    if not fresh:
+        return head
+    best = max(fresh, key=replanning.saving)
+    return (
+        f"{head}: the most saving, {best.label()}, needs "
+        f"{format_bytes(replanning.need(best))} and saves {format_bytes(replanning.saving(best))}"
+    )
+
+
+def describe_change(old: Candidate, new: Candidate) -> str:
+    """What differs between two plans, in the words of the ZeRO article's knobs."""
+    changes = []
+    if new.activation_checkpointing != old.activation_checkpointing:
+        on = "on" if new.activation_checkpointing else "off"
+        changes.append(f"activation checkpointing {on}")
+    if new.micro_batch_size != old.micro_batch_size:
+        changes.append(
+            f"micro-batch {old.micro_batch_size} -> {new.micro_batch_size} (accumulation "
+            f"{old.gradient_accumulation_steps} -> {new.gradient_accumulation_steps})"
+        )
+    if new.zero_stage != old.zero_stage:
+        changes.append(f"ZeRO-{old.zero_stage} -> ZeRO-{new.zero_stage}")
+    for part in ("optimizer", "param"):
+        before, after = getattr(old, f"offload_{part}"), getattr(new, f"offload_{part}")
+        if before != after:
+            changes.append(f"{part} offload {before} -> {after}")
+    changes += _knob_changes(old, new)
+    return "; ".join(changes) or "the same layout"
+
+
+def _knob_changes(old: Candidate, new: Candidate) -> list[str]:
+    before = old.ds_config.get("zero_optimization", {})
+    after = new.ds_config.get("zero_optimization", {})
+    changes = []
+    for key in ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size"):
+        if key in before and key in after and before[key] != after[key]:
+            changes.append(f"{key} {before[key]:,} -> {after[key]:,}")
+    pinned = [
+        (before.get(k) or {}).get("pin_memory") != (after.get(k) or {}).get("pin_memory")
+        for k in ("offload_optimizer", "offload_param")
+        if k in before and k in after
+    ]
+    if any(pinned):
+        changes.append("unpinned offload buffers")
+    return changes

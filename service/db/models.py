@@ -95,6 +95,14 @@ class Attempt(SQLModel, table=True):
     failure_class: str | None = Field(default=None, max_length=32)
     failure_message: str = ""
     runtime_failure_tag: str | None = Field(default=None, max_length=32)
+    # The classifier's verdict: class, the lines that show it, the numbers parsed from them.
+    failure_evidence: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
+    # What the training processes measured: device memory per rank at start, numbers at failure.
+    runtime_evidence: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
     resumed_from: str | None = None  # checkpoint path this attempt resumed from
     resume_method: str | None = None  # native | universal | fp32 | none
     log_path: str | None = None

@@ -1,18 +1,24 @@
-"""The escalation ladder, climbed the way a job that keeps running out of memory climbs it."""
+"""Re-planning after out-of-memory failures, with the evidence real failures carry."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from service.core.advisor import Candidate, advise
-from service.core.escalation import next_rung
+from service.core.advisor.choice import offload_level, plan_identity
+from service.core.clusters import LOCAL_PROFILE
+from service.core.escalation import Decision, Evidence, evidence_from, replan
+from service.core.failures import diagnose_failure
 from service.core.spec import JobSpec
 from tests.unit.shapes import LLAMA_7B, h100_node
 
 H100 = h100_node()
+GIB, MIB = 1024**3, 1024**2
 
 
-def llama7b(max_attempts: int = 20, **zero: Any) -> JobSpec:
+def llama7b(**zero: Any) -> JobSpec:
     return JobSpec(
         name="llama",
         entrypoint="train.py",
@@ -20,131 +26,193 @@ def llama7b(max_attempts: int = 20, **zero: Any) -> JobSpec:
         training={"sequence_length": 4096, "global_batch_size": 256},
         resources={"nodes": 1, "gpus_per_node": 8},
         zero=zero,
-        escalation={"max_attempts": max_attempts},
+        escalation={"max_attempts": 20},
     )
 
 
-def climb(spec: JobSpec, failure: str, rungs: int) -> list[tuple[Candidate, str]]:
-    current = advise(spec, H100).plan
-    tried: list[Candidate] = []
-    steps = []
-    for _ in range(rungs):
-        step = next_rung(spec, H100, current, failure, tried)
-        if step is None:
-            break
-        steps.append(step)
-        tried.append(current)
-        current = step[0]
-    return steps
+def tiny_cpu_job() -> JobSpec:
+    """The end-to-end test's job: 2 CPU ranks, activations that dominate the step."""
+    return JobSpec.model_validate(
+        {
+            "name": "tiny",
+            "entrypoint": "train_tiny.py",
+            "model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "vocab_size": 128},
+            "training": {"sequence_length": 1024, "global_batch_size": 16, "precision": "fp32"},
+            "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2},
+        }
+    )
 
 
-def test_first_rung_after_a_gpu_oom_is_activation_checkpointing() -> None:
+def escalated(decision: Decision | None) -> Candidate:
+    assert decision is not None and decision.action == "escalate", decision
+    assert decision.plan is not None
+    return decision.plan
+
+
+def test_the_next_plan_saves_at_least_the_missing_bytes_and_keeps_the_global_batch() -> None:
     spec = llama7b()
     plan = advise(spec, H100).plan
-    assert not plan.activation_checkpointing
-
-    step = next_rung(spec, H100, plan, "OOM_GPU", [])
-
-    assert step is not None
-    candidate, description = step
-    assert description == "turn on activation checkpointing"
-    assert candidate.activation_checkpointing and candidate.zero_stage == plan.zero_stage
+    for missing in (2 * GIB, 30 * GIB, 45 * GIB):
+        nxt = escalated(replan(spec, H100, plan, Evidence("OOM_GPU", missing_bytes=missing), []))
+        assert plan.per_gpu_bytes.total - nxt.per_gpu_bytes.total >= missing
+        assert nxt.fits and nxt.ds_config["train_batch_size"] == 256
+        assert nxt.micro_batch_size * nxt.gradient_accumulation_steps * 8 == 256
 
 
-def test_the_ladder_keeps_the_global_batch_and_every_rung_fits_and_saves_memory() -> None:
+def test_same_stage_changes_come_before_a_higher_stage_and_offload_comes_last() -> None:
     spec = llama7b()
-    previous = advise(spec, H100).plan
-    for candidate, _ in climb(spec, "OOM_GPU", 12):
-        config = candidate.ds_config
-        assert config["train_batch_size"] == 256
-        assert candidate.micro_batch_size * candidate.gradient_accumulation_steps * 8 == 256
-        assert candidate.fits
-        assert candidate.per_gpu_bytes.total < previous.per_gpu_bytes.total
-        previous = candidate
+    plan = advise(spec, H100).plan
+    assert (plan.zero_stage, offload_level(plan), plan.activation_checkpointing) == (1, 0, False)
+
+    def next_for(missing_gib: int) -> Candidate:
+        evidence = Evidence("OOM_GPU", missing_bytes=missing_gib * GIB)
+        return escalated(replan(spec, H100, plan, evidence, []))
+
+    small = next_for(2)  # a smaller micro-batch at the same stage saves enough
+    assert (small.zero_stage, offload_level(small)) == (1, 0)
+    assert small.micro_batch_size < plan.micro_batch_size
+    mid = next_for(40)  # checkpointing at the same stage
+    assert (mid.zero_stage, offload_level(mid), mid.activation_checkpointing) == (1, 0, True)
+    high = next_for(50)  # only a higher stage saves 50 GiB without offload
+    assert (high.zero_stage, offload_level(high)) == (3, 0)
+    offloaded = next_for(55)  # nothing without offload saves 55 GiB
+    assert offload_level(offloaded) == 1
 
 
-def test_the_ladder_climbs_in_order_and_never_repeats() -> None:
-    steps = climb(llama7b(), "OOM_GPU", 12)
-    descriptions = [d for _, d in steps]
-
-    assert descriptions[0] == "turn on activation checkpointing"
-    assert "lower the reduce/all-gather buckets and the stage-3 prefetch" in descriptions
-    assert "move to the next ZeRO stage" in descriptions
-    assert [c.zero_stage for c, _ in steps] == sorted(c.zero_stage for c, _ in steps)
-    layouts = [
-        (
-            c.zero_stage,
-            c.offload_optimizer,
-            c.offload_param,
-            c.activation_checkpointing,
-            c.micro_batch_size,
-            c.ds_config["zero_optimization"].get("reduce_bucket_size"),
-        )
-        for c, _ in steps
+def test_the_fastest_qualifying_plan_is_chosen() -> None:
+    spec = llama7b()
+    plan = advise(spec, H100).plan
+    nxt = escalated(replan(spec, H100, plan, Evidence("OOM_GPU", missing_bytes=2 * GIB), []))
+    same_tier = [
+        c
+        for c in advise(spec, H100).candidates
+        if c.zero_stage <= plan.zero_stage
+        and offload_level(c) == 0
+        and plan.per_gpu_bytes.total - c.per_gpu_bytes.total >= 2 * GIB
     ]
-    assert len(layouts) == len(set(layouts))
+    assert nxt.relative_cost == min(c.relative_cost for c in same_tier)
 
 
-def test_lowered_buckets_reach_the_rendered_config() -> None:
-    spec = llama7b(stage=2, activation_checkpointing=True)
-    plan = advise(spec, H100).plan
-
-    step = next_rung(spec, H100, plan, "OOM_GPU", [])
-
-    assert step is not None
-    candidate, description = step
-    assert description.startswith("lower the reduce/all-gather buckets")
-    before = plan.ds_config["zero_optimization"]["reduce_bucket_size"]
-    assert candidate.ds_config["zero_optimization"]["reduce_bucket_size"] < before
-
-
-def test_the_ladder_ends_at_its_top() -> None:
+def test_a_plan_already_tried_is_never_chosen_again() -> None:
     spec = llama7b()
-    steps = climb(spec, "OOM_GPU", 30)
-    last = steps[-1][0]
+    plan = advise(spec, H100).plan
+    first = escalated(replan(spec, H100, plan, Evidence("OOM_GPU", missing_bytes=2 * GIB), []))
+    again = escalated(replan(spec, H100, plan, Evidence("OOM_GPU", missing_bytes=2 * GIB), [first]))
+    assert plan_identity(again) not in {plan_identity(first), plan_identity(plan)}
 
-    assert next_rung(spec, H100, last, "OOM_GPU", [c for c, _ in steps]) is None
+
+def test_the_observed_need_corrects_the_prediction() -> None:
+    spec = llama7b()
+    plan = advise(spec, H100).plan
+    # The CUDA OOM said: this process held 75 GiB and tried 4 GiB more: 79 GiB needed where the
+    # model predicted ~70 GiB, so every prediction of this job is scaled by ~1.13.
+    evidence = Evidence(
+        "OOM_GPU", missing_bytes=3 * GIB, tried_bytes=4 * GIB, process_bytes=75 * GIB,
+        capacity_bytes=80 * GIB,
+    )  # fmt: skip
+    decision = replan(spec, H100, plan, evidence, [])
+    nxt = escalated(decision)
+    correction = 79 * GIB / plan.per_gpu_bytes.total
+    assert f"x{correction:.2f} correction" in decision.reason  # type: ignore[union-attr]
+    assert correction * nxt.per_gpu_bytes.total <= 0.9 * 80 * GIB
+    assert correction * (plan.per_gpu_bytes.total - nxt.per_gpu_bytes.total) >= 3 * GIB
 
 
-def test_host_oom_unpins_buffers_then_leaves_offload() -> None:
+def test_an_oom_caused_by_other_processes_keeps_the_plan() -> None:
+    spec = llama7b()
+    plan = advise(spec, H100).plan
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a "
+        "total capacity of 79.19 GiB of which 1.50 GiB is free. Process 81231 has 40.25 GiB "
+        "memory in use. Including non-PyTorch memory, this process has 37.40 GiB memory in use. "
+        "Of the allocated memory 35.10 GiB is allocated by PyTorch, and 1.66 GiB is reserved by "
+        "PyTorch but unallocated."
+    )
+    diagnosis = diagnose_failure(
+        exit_code=1, native_state="", reason="", log_tail=text, runtime_tag=None
+    )
+    decision = replan(spec, H100, plan, evidence_from(diagnosis.as_record(), {}), [])
+    assert decision is not None and decision.action == "retry"
+    assert decision.plan == plan
+    assert "other processes held 40.25 GiB of the GPU's 79.19 GiB" in decision.reason
+
+
+def test_other_processes_seen_at_rank_start_count_as_evidence() -> None:
+    record = {"failure_class": "OOM_GPU", "numbers": {"tried_bytes": 2 * GIB}}
+    runtime = {"devices": {"0": {"numbers": {"other_processes_bytes": 30 * GIB}}}}
+    assert evidence_from(record, runtime).other_processes_bytes == 30 * GIB
+
+
+def test_an_oom_the_plan_itself_caused_is_not_retried_even_with_neighbours() -> None:
+    spec = llama7b()
+    plan = advise(spec, H100).plan
+    evidence = Evidence(
+        "OOM_GPU", missing_bytes=10 * GIB, tried_bytes=12 * GIB, process_bytes=70 * GIB,
+        capacity_bytes=80 * GIB, other_processes_bytes=2 * GIB,
+    )  # fmt: skip
+    assert escalated(replan(spec, H100, plan, evidence, [])) != plan
+
+
+def test_when_nothing_saves_enough_the_decision_says_so_with_numbers() -> None:
+    spec = llama7b()
+    plan = advise(spec, H100).plan
+    decision = replan(spec, H100, plan, Evidence("OOM_GPU", missing_bytes=69 * GIB), [])
+    assert decision is not None and decision.action == "stop"
+    assert "save the 69.00 GiB needed" in decision.reason
+    assert "the most saving, ZeRO-3 +offload(opt+params)" in decision.reason
+
+
+def test_a_cpu_cluster_replans_the_host_as_its_device() -> None:
+    spec = tiny_cpu_job()
+    plan = advise(spec, LOCAL_PROFILE).plan
+    assert plan.label() == "ZeRO-0 mb=8x1"
+    # The real failure: a rank's step over its address-space cap missed 37 MiB.
+    evidence = Evidence("OOM_HOST", missing_bytes=37 * MIB, tried_bytes=16 * MIB)
+    nxt = escalated(replan(spec, LOCAL_PROFILE, plan, evidence, []))
+    assert nxt.label() == "ZeRO-0 mb=4x2"  # the fastest that saves 37 MiB: no offload, no stage
+    bigger = Evidence("OOM_HOST", missing_bytes=150 * MIB, tried_bytes=16 * MIB)
+    assert escalated(replan(spec, LOCAL_PROFILE, plan, bigger, [])).label() == "ZeRO-0 mb=2x4"
+
+
+def test_zero3_is_chosen_only_where_it_needs_less() -> None:
+    spec = tiny_cpu_job()
+    plan = advise(spec, LOCAL_PROFILE).plan
+    zero3 = [c for c in advise(spec, LOCAL_PROFILE).candidates if c.zero_stage == 3]
+    assert all(c.per_gpu_bytes.total > 0 for c in zero3)
+    tried: list[Candidate] = []
+    current = plan
+    for _ in range(8):  # climb until nothing saves 5% more
+        decision = replan(spec, LOCAL_PROFILE, current, Evidence("OOM_HOST"), tried)
+        if decision is None or decision.action != "escalate" or decision.plan is None:
+            break
+        assert decision.plan.per_gpu_bytes.total < current.per_gpu_bytes.total
+        tried.append(current)
+        current = decision.plan
+    assert len(tried) >= 2
+
+
+def test_a_host_oom_on_a_gpu_cluster_stops_where_no_plan_saves_host_memory() -> None:
+    # The advisor's host floor is every rank building the fp32 model (8 x 7B x 4 bytes here),
+    # whatever the offload: leaving offload saves nothing the model can see, and it says so.
     spec = llama7b(stage=3, offload="optimizer", activation_checkpointing=True)
     plan = advise(spec, H100).plan
-
-    first = next_rung(spec, H100, plan, "OOM_HOST", [])
-    assert first is not None and first[1] == "stop pinning the CPU offload buffers"
-    assert first[0].ds_config["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
-
-    second = next_rung(spec, H100, first[0], "OOM_HOST", [plan])
-    assert second is not None and second[1] == "leave CPU offload"
-    assert second[0].offload_optimizer == "none"
+    decision = replan(spec, H100, plan, Evidence("OOM_HOST"), [])
+    assert decision is not None and decision.action == "stop"
+    assert "no untried plan is predicted to fit 1843.20 GiB" in decision.reason
+    assert "saves 0.00 MiB" in decision.reason
 
 
-def test_other_failures_and_disabled_escalation_have_no_next_rung() -> None:
+@pytest.mark.parametrize("failure", ["NCCL_TIMEOUT", "KILLED", "USER_ERROR"])
+def test_other_failures_are_not_replanned(failure: str) -> None:
     spec = llama7b()
     plan = advise(spec, H100).plan
+    assert replan(spec, H100, plan, Evidence(failure), []) is None
+
+
+def test_disabled_escalation_is_not_replanned() -> None:
+    spec = llama7b()
     disabled = spec.model_copy(
         update={"escalation": spec.escalation.model_copy(update={"enabled": False})}
     )
-
-    assert next_rung(spec, H100, plan, "NCCL_TIMEOUT", []) is None
-    assert next_rung(disabled, H100, plan, "OOM_GPU", []) is None
-
-
-def test_max_attempts_ends_the_ladder() -> None:
-    spec = llama7b(max_attempts=2)
     plan = advise(spec, H100).plan
-    first = next_rung(spec, H100, plan, "OOM_GPU", [])
-    assert first is not None
-
-    assert next_rung(spec, H100, first[0], "OOM_GPU", [plan]) is None
-
-
-def test_a_step_that_would_not_fit_is_skipped() -> None:
-    tight = H100.model_copy(update={"gpu_memory_gib": 40.0})
-    spec = llama7b()
-    plan = advise(spec, tight).plan
-
-    step = next_rung(spec, tight, plan, "OOM_GPU", [])
-
-    assert step is not None
-    assert step[0].fits and step[0].per_gpu_bytes.total < plan.per_gpu_bytes.total
+    assert replan(disabled, H100, plan, Evidence("OOM_GPU"), []) is None

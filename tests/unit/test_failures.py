@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from service.core.failures import FailureClass, classify_failure
+from service.core.failures import Diagnosis, FailureClass, classify_failure, diagnose_failure
+
+TEXTS = Path(__file__).parent / "failure_texts"
 
 CUDA_OOM = """\
 Traceback (most recent call last):
@@ -197,8 +201,8 @@ def test_sigkill_with_an_oom_killer_hint_is_host_oom() -> None:
     assert classify(exit_code=137, native_state="Error", reason=reason) == FailureClass.OOM_HOST
 
 
-def test_sigkill_without_a_hint_is_the_users_error() -> None:
-    assert classify(exit_code=137, log_tail="Killed\n") == FailureClass.USER_ERROR
+def test_sigkill_without_a_hint_is_killed_not_the_users_error() -> None:
+    assert classify(exit_code=137, log_tail="Killed\n") == FailureClass.KILLED
 
 
 def test_command_not_found_exit_code_is_a_launch_error() -> None:
@@ -214,3 +218,171 @@ def test_plain_non_zero_exit_is_the_users_error() -> None:
 def test_out_of_memory_property_marks_only_the_memory_classes() -> None:
     memory = {c for c in FailureClass if c.out_of_memory}
     assert memory == {FailureClass.OOM_GPU, FailureClass.OOM_HOST}
+
+
+def diagnose(*, exit_code: int | None = 1, native_state: str = "", log_tail: str = "",
+             reason: str = "", runtime_tag: str | None = None,
+             runtime_numbers: dict[str, int] | None = None) -> Diagnosis:  # fmt: skip
+    return diagnose_failure(
+        exit_code=exit_code,
+        native_state=native_state,
+        reason=reason,
+        log_tail=log_tail,
+        runtime_tag=runtime_tag,
+        runtime_numbers=runtime_numbers,
+    )
+
+
+GIB, MIB = 1024**3, 1024**2
+
+# CUDA texts cannot be produced without a GPU: these follow the format string of PyTorch's
+# c10/cuda/CUDACachingAllocator.cpp (TORCH_CHECK_WITH(OutOfMemoryError, ...)): "CUDA out of
+# memory. Tried to allocate <format_size>. GPU <n> has a total capacity of <size> of which <size>
+# is free. " + reportProcessMemoryInfo ("Process <pid> has <size> memory in use. " per other
+# process, then "Including non-PyTorch memory, this process has <size> memory in use. ") +
+# "Of the allocated memory <size> is allocated by PyTorch, and <size> is reserved by PyTorch but
+# unallocated. ..."; format_size prints two decimals and B/KiB/MiB/GiB.
+CUDA_OOM_OTHERS = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+    "capacity of 79.19 GiB of which 1.50 GiB is free. Process 81231 has 30.25 GiB memory in use. "
+    "Process 81302 has 10.00 GiB memory in use. Including non-PyTorch memory, this process has "
+    "37.40 GiB memory in use. Of the allocated memory 35.10 GiB is allocated by PyTorch, and "
+    "1.66 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
+    "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+    "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"
+    "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+)
+CUDA_OOM_OLD_FORMAT = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total "
+    "capacity; 130.35 MiB already allocated; 47.06 MiB free; 188.00 MiB reserved in total by "
+    "PyTorch)"
+)
+# Produced here: examples/train_tiny.py, 2 DeepSpeed ranks on the CPU, ZeRO-0 mb=8, sequence 1024,
+# hidden 128, --memory-cap-mib 130 from step 3 (RLIMIT_AS); the launcher's log tail.
+DEEPSPEED_OVER_LIMIT = (TEXTS / "deepspeed_rank_over_address_space_limit.log").read_text()
+# Produced here: the same run at mb=4, rank 1 killed with `kill -9`; the launcher exited 247.
+DEEPSPEED_SIGKILLED = (TEXTS / "deepspeed_rank_sigkilled.log").read_text()
+# Produced here: python -c "...setrlimit(RLIMIT_AS, 200 MiB); bytearray(300 MiB)".
+PYTHON_MEMORYERROR = (TEXTS / "python_memoryerror_under_rlimit.log").read_text()
+
+
+def test_cuda_oom_numbers_with_other_processes() -> None:
+    found = diagnose(log_tail="step 7 loss 2.3\n" + CUDA_OOM_OTHERS)
+    assert found.failure_class == FailureClass.OOM_GPU
+    assert found.line.startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert found.numbers["tried_bytes"] == 4 * GIB
+    assert found.numbers["capacity_bytes"] == int(79.19 * GIB)
+    assert found.numbers["free_bytes"] == int(1.5 * GIB)
+    assert found.numbers["process_bytes"] == int(37.40 * GIB)
+    assert found.numbers["other_processes_bytes"] == int(30.25 * GIB) + 10 * GIB
+    assert found.numbers["other_processes"] == 2
+    assert found.missing_bytes == int(2.5 * GIB)  # tried 4.00 minus 1.50 free
+
+
+def test_cuda_oom_numbers_without_other_processes() -> None:
+    found = diagnose(log_tail=CUDA_OOM)
+    assert found.numbers["tried_bytes"] == 2 * GIB
+    assert found.numbers["free_bytes"] == int(1.02 * GIB)
+    assert "other_processes_bytes" not in found.numbers
+    assert found.other_processes_bytes == 0
+
+
+def test_cuda_oom_numbers_in_the_old_format() -> None:
+    found = diagnose(log_tail=CUDA_OOM_OLD_FORMAT)
+    assert found.failure_class == FailureClass.OOM_GPU
+    assert (found.numbers["tried_bytes"], found.numbers["free_bytes"]) == (
+        36 * MIB,
+        int(47.06 * MIB),
+    )
+    assert found.missing_bytes == 36 * MIB  # enough was free: fragmentation refused it
+
+
+def test_a_real_deepspeed_rank_over_its_address_space_limit_is_host_oom() -> None:
+    found = diagnose(exit_code=1, log_tail=DEEPSPEED_OVER_LIMIT)
+    assert found.failure_class == FailureClass.OOM_HOST
+    assert "DefaultCPUAllocator: can't allocate memory" in found.line
+    assert found.numbers["tried_bytes"] == 16777216
+
+
+def test_the_runtimes_numbers_give_the_missing_bytes_of_a_host_oom() -> None:
+    runtime = {"limit_bytes": 1537875968, "in_use_bytes": 1530000000, "rss_bytes": 600 * MIB}
+    found = diagnose(
+        log_tail=DEEPSPEED_OVER_LIMIT,
+        runtime_tag="OOM_HOST",
+        runtime_numbers=runtime,
+    )
+    assert found.source == "runtime tag"
+    assert found.missing_bytes == 1530000000 + 16777216 - 1537875968
+    assert found.numbers["exit_code"] == 1
+
+
+def test_a_python_memoryerror_is_host_oom() -> None:
+    found = diagnose(exit_code=1, log_tail=PYTHON_MEMORYERROR)
+    assert (found.failure_class, found.line) == (FailureClass.OOM_HOST, "MemoryError")
+
+
+def test_std_bad_alloc_is_host_oom() -> None:
+    text = (
+        "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc"
+    )
+    assert classify(exit_code=134, log_tail=text) == FailureClass.OOM_HOST
+
+
+def test_a_real_sigkill_of_a_rank_is_killed_with_the_launchers_line() -> None:
+    found = diagnose(exit_code=247, log_tail=DEEPSPEED_SIGKILLED)
+    assert found.failure_class == FailureClass.KILLED
+    assert found.lines[0] == "exit code 247: killed by SIGKILL"
+    assert found.lines[1].endswith("exits with return code = -9")
+
+
+@pytest.mark.parametrize("exit_code", [137, -9, 247])
+def test_every_sigkill_exit_code_with_oom_killer_words_is_host_oom(exit_code: int) -> None:
+    text = "Memory cgroup out of memory: Killed process 81231 (python3) total-vm:41223420kB"
+    found = diagnose(exit_code=exit_code, log_tail=text)
+    assert found.failure_class == FailureClass.OOM_HOST
+    assert found.lines == (text, f"exit code {exit_code}: killed by SIGKILL")
+
+
+def test_a_cgroup_oom_kill_count_is_evidence_and_a_zero_count_is_not() -> None:
+    events = "low 0\nhigh 0\nmax 41\noom 1\noom_kill {n}\n"
+    assert classify(exit_code=247, log_tail=events.format(n=1)) == FailureClass.OOM_HOST
+    assert classify(exit_code=247, log_tail=events.format(n=0)) == FailureClass.KILLED
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "python3 oom_train.py --steps 4",
+        "train.py --oom-at-step 3 --oom_guard",
+        "/data/zoom/run.log",
+    ],
+)
+def test_file_and_argument_names_are_no_evidence_of_memory(text: str) -> None:
+    assert classify(exit_code=137, log_tail=text) == FailureClass.KILLED
+
+
+def test_slurm_out_of_memory_keeps_the_slurmstepd_line() -> None:
+    found = diagnose(exit_code=0, native_state="OUT_OF_MEMORY", log_tail=SLURM_CGROUP_OOM)
+    assert found.failure_class == FailureClass.OOM_HOST
+    assert found.lines[0] == "cluster state OUT_OF_MEMORY"
+    assert "oom_kill event" in found.lines[1] or "Out Of Memory" in found.lines[1]
+
+
+def test_kubernetes_oomkilled_is_host_oom_with_its_state_line() -> None:
+    found = diagnose(exit_code=137, native_state="OOMKilled", reason="pod trainer-0: OOMKilled")
+    assert found.failure_class == FailureClass.OOM_HOST
+    assert found.line == "cluster state OOMKilled: pod trainer-0: OOMKilled"
+
+
+def test_a_users_error_shows_the_exception_line() -> None:
+    tail = USER_TRACEBACK + "[launch.py:259:sigkill_handler] ... exits with return code = 1\n"
+    found = diagnose(exit_code=1, log_tail=tail)
+    assert (found.failure_class, found.line) == (FailureClass.USER_ERROR, "KeyError: 'input_ids'")
+
+
+def test_the_record_stores_class_lines_numbers_and_missing_bytes() -> None:
+    record = diagnose(log_tail=CUDA_OOM_OTHERS).as_record()
+    assert record["failure_class"] == "OOM_GPU"
+    assert record["source"] == "log"
+    assert record["numbers"]["tried_bytes"] == 4 * GIB
+    assert record["missing_bytes"] == int(2.5 * GIB)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from service.api.deps import ReportingAttempt, SessionDep
-from service.api.schemas import CheckpointReport, FailureReport, MetricReport
+from service.api.schemas import CheckpointReport, DeviceReport, FailureReport, MetricReport
 from service.db import jobs as job_store
 from service.db.models import JobEvent
 
@@ -26,11 +26,26 @@ def report_checkpoint(
     session.commit()
 
 
+@router.post("/device", status_code=status.HTTP_204_NO_CONTENT)
+def report_device(report: DeviceReport, attempt: ReportingAttempt, session: SessionDep) -> None:
+    """A rank's device memory as training starts: whether others held the device is evidence."""
+    session.refresh(attempt, with_for_update=True)  # ranks report at once: no lost update
+    devices = dict(attempt.runtime_evidence.get("devices", {}))
+    devices[str(report.rank)] = report.model_dump(exclude={"rank"})
+    attempt.runtime_evidence = {**attempt.runtime_evidence, "devices": devices}  # a new dict: JSON
+    session.add(attempt)
+    session.commit()
+
+
 @router.post("/failure", status_code=status.HTTP_204_NO_CONTENT)
 def report_failure(report: FailureReport, attempt: ReportingAttempt, session: SessionDep) -> None:
     """The training process caught its own failure (e.g. an allocator OOM) before exiting."""
+    session.refresh(attempt, with_for_update=True)
     attempt.runtime_failure_tag = report.failure_class
     attempt.failure_message = report.message
+    if "failure" not in attempt.runtime_evidence:  # the first rank to fail is the one that counts
+        failure = {"message": report.message, "numbers": report.evidence}
+        attempt.runtime_evidence = {**attempt.runtime_evidence, "failure": failure}
     session.add(attempt)
     session.add(
         JobEvent(

@@ -9,6 +9,8 @@ communication), then no checkpointing before checkpointing, then the largest mic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from service.core.advisor.models import PHASE_WORDS, Candidate, Policy, format_bytes
 
 
@@ -81,3 +83,70 @@ def _extras(plan: Candidate) -> str:
         "activation checkpointing" if plan.activation_checkpointing else "no checkpointing"
     )
     return f"{_OFFLOAD[offload_level(plan)]} and {checkpointing}"
+
+
+@dataclass(frozen=True)
+class Replanning:
+    """What a failed plan taught, as the choice of the next plan needs it.
+
+    ``correction`` scales every prediction of this job (observed need / predicted peak, at least
+    1); ``must_save`` is what the next plan must need less than ``failed`` after correction (the
+    bytes that were missing); ``budget`` caps the corrected need; ``tried`` are the identities of
+    plans already run (see ``plan_identity``); ``on_host`` measures host memory per node instead
+    of the device.
+    """
+
+    failed: Candidate
+    correction: float
+    must_save: int
+    budget: int
+    tried: frozenset[tuple[object, ...]]
+    on_host: bool = False
+
+    def need(self, candidate: Candidate) -> int:
+        raw = candidate.cpu_bytes_per_node if self.on_host else candidate.per_gpu_bytes.total
+        return int(raw * self.correction)
+
+    def saving(self, candidate: Candidate) -> int:
+        return self.need(self.failed) - self.need(candidate)
+
+    def acceptable(self, candidate: Candidate) -> bool:
+        return (
+            plan_identity(candidate) not in self.tried
+            and self.need(candidate) <= self.budget
+            and self.saving(candidate) >= max(self.must_save, 1)
+        )
+
+
+def replan_tier(candidate: Candidate, failed: Candidate) -> int:
+    """The ZeRO article's order after an OOM: checkpointing or a smaller micro-batch at the same
+    stage (0), a higher stage (1), optimizer offload (2), parameter offload last (3)."""
+    level = offload_level(candidate)
+    if level > offload_level(failed):
+        return 1 + level
+    return 1 if candidate.zero_stage > failed.zero_stage else 0
+
+
+def choose_replanned(candidates: list[Candidate], replanning: Replanning) -> Candidate | None:
+    """The next plan: the earliest tier, then the fastest (lowest relative cost) acceptable one."""
+    acceptable = [c for c in candidates if replanning.acceptable(c)]
+    if not acceptable:
+        return None
+    return min(
+        acceptable,
+        key=lambda c: (replan_tier(c, replanning.failed), c.relative_cost, replanning.need(c)),
+    )
+
+
+def plan_identity(candidate: Candidate) -> tuple[object, ...]:
+    """What makes two plans the same run: layout and the ZeRO settings rendered from it."""
+    zero = candidate.ds_config.get("zero_optimization", {})
+    knobs = tuple(sorted((k, str(v)) for k, v in zero.items()))
+    return (
+        candidate.zero_stage,
+        candidate.offload_optimizer,
+        candidate.offload_param,
+        candidate.activation_checkpointing,
+        candidate.micro_batch_size,
+        knobs,
+    )
