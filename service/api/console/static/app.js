@@ -37,7 +37,11 @@ function setAttrs(node, attrs) {
   }
 }
 const main = () => document.getElementById("main");
-function show(...nodes) { main().replaceChildren(...nodes); }
+// replaceChildren, leaving out the nulls that conditional parts give (it would print "null").
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+function show(...nodes) { fill(main(), ...nodes); }
 function every(ms, fn) { timers.push(setInterval(fn, ms)); }
 
 // ---------- formatting ----------
@@ -151,7 +155,7 @@ async function jobsView() {
     if (teamSelect.value) query.set("team", teamSelect.value);
     const rows = await api(`/console/api/jobs?${query}`);
     count.textContent = `${rows.count} job${rows.count === 1 ? "" : "s"}`;
-    table.replaceChildren(...rows.data.map(jobRow));
+    fill(table, ...rows.data.map(jobRow));
     if (!rows.data.length) table.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No jobs yet.")));
   };
   statusSelect.addEventListener("change", refresh);
@@ -185,12 +189,12 @@ function submitCard() {
   } });
   const result = el("div", { id: "submit-result" });
   const submit = async () => {
-    result.replaceChildren();
+    fill(result);
     try {
       const body = await api("/console/api/spec", { method: "POST", text: spec.value });
       const job = await api("/v1/jobs", { method: "POST", json: body });
       location.hash = `#/jobs/${job.id}`;
-    } catch (e) { result.replaceChildren(el("p", { class: "error" }, e.message)); }
+    } catch (e) { fill(result, el("p", { class: "error" }, e.message)); }
   };
   return el("details", { class: "card", id: "submit-card" },
     el("summary", {}, "Submit a job"),
@@ -240,14 +244,14 @@ function renderHead(node, job) {
     try { await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" }); } catch (e) { alert(e.message); }
   } }, "Cancel");
   const res = job.spec.resources;
-  node.replaceChildren(
+  fill(node,
     el("div", { class: "row" }, el("h1", { style: "flex:1" }, job.name, " ", badge(job.status)), cancel),
     el("div", { class: "muted" }, `${job.id} · team ${job.team} · cluster ${job.cluster} · ${res.nodes} × ${res.gpus_per_node} GPUs · priority ${job.priority} · submitted ${fmtTime(job.created_at)} (${fmtAge(job.created_at)} ago)`),
     job.message ? el("p", { id: "job-message" }, job.message) : null);
 }
 function renderPlan(node, job) {
   const download = el("button", { class: "secondary", onclick: () => downloadJson(job.plan.ds_config, "ds_config.json") }, "Download ds_config.json");
-  node.replaceChildren(el("div", { class: "row" }, el("h2", { style: "flex:1" }, "Plan"), download),
+  fill(node, el("div", { class: "row" }, el("h2", { style: "flex:1" }, "Plan"), download),
     el("p", { id: "plan-label" }, el("b", {}, planLabel(job.plan))),
     el("p", { class: "muted" }, job.advice_reason));
 }
@@ -261,16 +265,24 @@ function renderAttempts(node, job) {
     return el("div", { class: `attempt ${a.status}`, "data-attempt": a.number },
       el("div", { class: "row" }, el("b", {}, `attempt ${a.number}`), badge(a.status), el("span", { class: "muted" }, a.rung)),
       change ? el("div", {}, "escalation: ", el("b", {}, change)) : el("div", { class: "small" }, planLabel(a.plan)),
-      change && evidence && evidence.failure_message ? el("div", { class: "small" }, `evidence: ${evidence.failure_message}`) : null,
+      change && evidence ? el("div", { class: "small evidence" }, `evidence: ${evidenceLine(evidence)}`) : null,
       a.resumed_from ? el("div", { class: "small muted" }, `resumed from ${a.resumed_from} (${a.resume_method})`) : null,
       el("div", { class: "small muted" }, `queued ${fmtTime(a.created_at)} · started ${fmtTime(a.started_at)} · ended ${fmtTime(a.finished_at)}` +
         (a.exit_code !== null ? ` · exit ${a.exit_code}` : "") + (a.failure_class ? ` · ${a.failure_class}` : "")),
       a.failure_message && a.status !== "SUCCEEDED" ? el("div", { class: "small error" }, a.failure_message) : null);
   });
-  node.replaceChildren(el("h2", {}, "Attempts"), timeline(job), ...items,
+  fill(node, el("h2", {}, "Attempts"), timeline(job), ...items,
     el("details", {}, el("summary", {}, `Events (${job.events.length})`), el("table", {},
       job.events.map((e) => el("tr", {}, el("td", { class: "small" }, fmtTime(e.created_at)), el("td", {}, e.subject),
         el("td", {}, e.to_status), el("td", { class: "small" }, e.reason))))));
+}
+function evidenceLine(attempt) {
+  // What the failed attempt left: the numbers parsed from its OOM text, else its summary.
+  const evidence = attempt.failure_evidence || {};
+  const numbers = Object.entries(evidence.numbers || {}).filter(([, v]) => typeof v === "number")
+    .map(([k, v]) => (k.endsWith("_bytes") ? `${k.slice(0, -6).replaceAll("_", " ")} ${fmtBytes(v)}` : `${k.replaceAll("_", " ")} ${v}`));
+  const head = [attempt.failure_class, ...numbers].filter(Boolean).join(", ");
+  return numbers.length ? head : [attempt.failure_class, attempt.failure_message].filter(Boolean).join(": ");
 }
 function timeline(job) {
   // One lane per attempt, from queued to ended (or now), on the job's own time axis.
@@ -294,15 +306,15 @@ function timeline(job) {
 function renderCurves(lossNode, rateNode, job) {
   const numbers = Object.fromEntries(job.attempts.map((a) => [a.id, a.number]));
   const series = (field) => job.metrics.filter((m) => m[field] !== null).map((m) => ({ x: m.step, y: m[field], attempt: numbers[m.attempt_id] }));
-  lossNode.replaceChildren(el("h2", {}, "Loss"), lineChart("loss-chart", series("loss"), "loss"));
-  rateNode.replaceChildren(el("h2", {}, "Tokens / s"), lineChart("rate-chart", series("tokens_per_s"), "tokens/s"));
+  fill(lossNode, el("h2", {}, "Loss"), lineChart("loss-chart", series("loss"), "loss"));
+  fill(rateNode, el("h2", {}, "Tokens / s"), lineChart("rate-chart", series("tokens_per_s"), "tokens/s"));
 }
 function renderMemory(node, job, budget) {
   const rows = job.attempts.map((a) => {
     const peaks = job.metrics.filter((m) => m.attempt_id === a.id && m.memory_peak_bytes !== null).map((m) => m.memory_peak_bytes);
     return { label: `attempt ${a.number}`, predicted: a.plan.per_gpu_bytes ? a.plan.per_gpu_bytes.total : null, peak: peaks.length ? Math.max(...peaks) : null };
   });
-  node.replaceChildren(el("h2", {}, "Memory per GPU (per rank on CPU clusters)"),
+  fill(node, el("h2", {}, "Memory per GPU (per rank on CPU clusters)"),
     el("div", { class: "legend" }, el("span", {}, el("i", { style: "background:#4e79a7" }), "predicted"),
       el("span", {}, el("i", { style: "background:#e15759" }), "reported peak"),
       el("span", {}, el("i", { style: "background:#000" }), `budget ${fmtBytes(budget)}`)),
@@ -321,12 +333,13 @@ function memoryChart(rows, budget) {
       svg("rect", { x: L, y: y + 15, width: x(r.peak || 0) - L, height: 13, fill: "#e15759", class: "peak" }),
       svg("text", { x: x(r.peak || 0) + 4, y: y + 26, "font-size": 11 }, r.peak === null ? "no peak reported" : `reported ${fmtBytes(r.peak)}`));
   });
-  const line = budget ? svg("line", { x1: x(budget), x2: x(budget), y1: 0, y2: H, stroke: "#000", "stroke-dasharray": "5 4" }) : null;
+  const line = budget ? [svg("line", { x1: x(budget), x2: x(budget), y1: 0, y2: H, stroke: "#000", "stroke-dasharray": "5 4" }),
+    svg("text", { x: x(budget) + 4, y: 12, "font-size": 11 }, `budget ${fmtBytes(budget)}`)] : [];
   return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", id: "memory-chart" }, bars, line);
 }
 function renderCheckpoints(node, job) {
   const numbers = Object.fromEntries(job.attempts.map((a) => [a.id, a.number]));
-  node.replaceChildren(el("h2", {}, `Checkpoints (${job.checkpoints.length})`),
+  fill(node, el("h2", {}, `Checkpoints (${job.checkpoints.length})`),
     job.checkpoints.length ? el("table", {}, el("thead", {}, el("tr", {}, ["step", "attempt", "path", "saved"].map((h) => el("th", {}, h)))),
       el("tbody", {}, job.checkpoints.map((c) => el("tr", {}, el("td", {}, String(c.step)), el("td", {}, String(numbers[c.attempt_id])),
         el("td", { class: "small" }, c.path), el("td", { class: "small" }, fmtTime(c.created_at))))))
@@ -430,14 +443,14 @@ async function advisorView() {
   const file = el("input", { type: "file", accept: ".yaml,.yml,.json", onchange: async () => { if (file.files[0]) spec.value = await file.files[0].text(); } });
   const out = el("div", { id: "advice" });
   const run = async () => {
-    out.replaceChildren(el("p", { class: "muted" }, "Asking the advisor…"));
+    fill(out, el("p", { class: "muted" }, "Asking the advisor…"));
     try {
       const [body, clusters] = await Promise.all([api("/console/api/spec", { method: "POST", text: spec.value }), api("/console/api/clusters")]);
       const advice = await api("/v1/advice", { method: "POST", json: body });
       const cluster = (body.resources && body.resources.cluster) || "local";
       const budget = (clusters.find((c) => c.name === cluster) || {}).budget_bytes;
-      out.replaceChildren(...adviceView(advice, budget));
-    } catch (e) { out.replaceChildren(el("p", { class: "error" }, e.message)); }
+      fill(out, ...adviceView(advice, budget));
+    } catch (e) { fill(out, el("p", { class: "error" }, e.message)); }
   };
   show(el("div", { class: "card" }, el("h1", {}, "Advisor"),
     el("p", { class: "muted" }, "Paste or upload a job spec (YAML or JSON; the model, training and resources parts are enough). Nothing is submitted."),
@@ -448,8 +461,10 @@ function adviceView(advice, budget) {
   const plan = advice.plan;
   const same = (c) => JSON.stringify(c) === JSON.stringify(plan);
   const stages = [...new Set(advice.candidates.map((c) => c.zero_stage))].sort();
-  // One scale for every stage's chart, so that bars compare across them.
-  const top = Math.max(budget || 0, ...advice.candidates.map((c) => c.per_gpu_bytes.total)) * 1.04;
+  // One scale for every stage's chart, so that bars compare across them; when the budget
+  // dwarfs every bar (a small model on a big GPU), the scale follows the bars instead.
+  const largest = Math.max(...advice.candidates.map((c) => c.per_gpu_bytes.total));
+  const top = (budget && budget < 3 * largest ? Math.max(budget, largest) : largest) * 1.04;
   const blocks = stages.map((stage) => {
     const own = advice.candidates.filter((c) => c.zero_stage === stage);
     const front = frontier(own, same);
@@ -505,8 +520,10 @@ function barChart(candidates, budget, top, isPlan, id) {
       segs, chosen ? svg("rect", { x: L - 1, y: y - 1, width: x(c.per_gpu_bytes.total) - L + 2, height: 18, fill: "none", stroke: "#000", "stroke-width": 2 }) : null,
       svg("text", { x: x(c.per_gpu_bytes.total) + 6, y: y + 12, "font-size": 11, fill: "#667085" }, `${fmtBytes(c.per_gpu_bytes.total)} · cost ${c.relative_cost.toFixed(2)}`));
   });
-  const line = budget ? [svg("line", { x1: x(budget), x2: x(budget), y1: 0, y2: H - 14, stroke: "#000", "stroke-dasharray": "5 4" }),
-    svg("text", { x: x(budget), y: H - 2, "text-anchor": "middle", "font-size": 11 }, `budget ${fmtBytes(budget)}`)] : [];
+  const line = !budget ? [] : budget <= top
+    ? [svg("line", { x1: x(budget), x2: x(budget), y1: 0, y2: H - 14, stroke: "#000", "stroke-dasharray": "5 4", class: "budget" }),
+      svg("text", { x: x(budget), y: H - 2, "text-anchor": "middle", "font-size": 11 }, `budget ${fmtBytes(budget)}`)]
+    : [svg("text", { x: W - 4, y: H - 2, "text-anchor": "end", "font-size": 11 }, `budget ${fmtBytes(budget)}: off this scale →`)];
   return svg("svg", { id, viewBox: `0 0 ${W} ${H}`, width: "100%", class: "bars" }, rows, line);
 }
 function candidateLabel(c) {
@@ -520,9 +537,9 @@ async function teamsView() {
   const queue = el("tbody", { id: "queue" });
   const refresh = async () => {
     const [rows, waiting] = await Promise.all([api("/v1/teams"), api("/console/api/queue")]);
-    teams.replaceChildren(...rows.map((t) => el("tr", { "data-team": t.name }, el("td", {}, el("b", {}, t.name)),
+    fill(teams, ...rows.map((t) => el("tr", { "data-team": t.name }, el("td", {}, el("b", {}, t.name)),
       el("td", {}, quotaBar(t.gpus_held, t.gpu_quota)), el("td", {}, String(t.gpu_share)), el("td", {}, String(t.jobs_waiting)))));
-    queue.replaceChildren(...waiting.map((q) => el("tr", { class: "clickable", onclick: () => { location.hash = `#/jobs/${q.id}`; } },
+    fill(queue, ...waiting.map((q) => el("tr", { class: "clickable", onclick: () => { location.hash = `#/jobs/${q.id}`; } },
       el("td", {}, String(q.position)), el("td", {}, el("a", { href: `#/jobs/${q.id}` }, q.name)), el("td", {}, q.team), el("td", {}, q.cluster),
       el("td", {}, String(q.gpus)), el("td", {}, String(q.priority)), el("td", { title: fmtTime(q.submitted_at) }, fmtAge(q.submitted_at)), el("td", { class: "small" }, q.why))));
     if (!waiting.length) queue.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "Nothing waits for admission.")));
