@@ -23,7 +23,10 @@ from service.settings import (
 from workers.backends.shm import remove_orphaned_buffers
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.integration.slurm_fixtures"]  # the session-wide local Slurm cluster
+pytest_plugins = [
+    "tests.integration.slurm_fixtures",  # the session-wide local Slurm cluster
+    "tests.integration.k8s_control_plane",  # the session-wide Kubernetes control plane
+]
 POSTGRES_ADMIN_DSN = os.environ.get(
     "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

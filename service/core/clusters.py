@@ -7,14 +7,17 @@ partition, queue). Profiles come from a YAML file named in the settings; ``local
 
 from __future__ import annotations
 
+import posixpath
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.core.spec import ENV_NAME_PATTERN, NAME_PATTERN
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
+# Where every Kubernetes training pod already mounts something (the ConfigMap, its /dev/shm).
+POD_MOUNT_PATHS = ("/etc/zeropilot", "/dev/shm")  # noqa: S108 (the pod's own tmpfs)
 
 
 class BackendKind(StrEnum):
@@ -60,6 +63,18 @@ class ClusterProfile(BaseModel):
     # the workers keep their data folder on, so attempt folders and checkpoints resolve in pods.
     shared_volume_claim: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
     shared_volume_path: Annotated[str, Field(pattern=r"^/[^\x00\n]*$")] = "/var/lib/zeropilot"
+
+    @field_validator("shared_volume_path")
+    @classmethod
+    def _not_a_pod_mount(cls, path: str) -> str:
+        normalized = posixpath.normpath(path)
+        if normalized in POD_MOUNT_PATHS or normalized == "/":
+            taken = ", ".join(POD_MOUNT_PATHS)
+            raise ValueError(
+                f"shared_volume_path {path!r} collides with a path every training pod mounts "
+                f"already ({taken}) or is the root; choose another folder"
+            )
+        return path
 
 
 LOCAL_PROFILE = ClusterProfile(name="local", kind=BackendKind.LOCAL, max_nodes=2)

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Variables the launch sets in every rank (node rank, rendezvous, zeropilot's runtime): a job's
+# own value would replace them (on Kubernetes the Job controller keeps a JOB_COMPLETION_INDEX
+# the pod already has, and every node would get the same rank).
+RESERVED_ENV_NAMES = frozenset({"JOB_COMPLETION_INDEX", "RANK", "LOCAL_RANK", "WORLD_SIZE"})
+RESERVED_ENV_PREFIXES = ("ZEROPILOT_", "MASTER_")
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -184,6 +189,17 @@ class JobSpec(Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     escalation: EscalationSpec = Field(default_factory=EscalationSpec)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
+
+    @model_validator(mode="after")
+    def _env_names_are_ours_to_set(self) -> JobSpec:
+        for name in self.env:
+            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(
+                    f"env.{name}: zeropilot sets this variable in every rank (reserved: "
+                    f"{', '.join(sorted(RESERVED_ENV_NAMES))} and names starting with "
+                    f"{' or '.join(RESERVED_ENV_PREFIXES)}); choose another name"
+                )
+        return self
 
     @model_validator(mode="after")
     def _batch_numbers_agree(self) -> JobSpec:

@@ -32,7 +32,7 @@ import re
 import secrets
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -466,49 +466,6 @@ class LoopbackApiServer:
         self._objects.pop(key, None)
         if resource == "pods":
             self._logs.pop(key[1:], None)
-
-
-def expand_references(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' expansion of ``$(VAR)`` in command, args and env values, rule by rule as in
-    k8s.io/kubernetes third_party/forked/golang/expansion: ``$$`` is a literal ``$``;
-    ``$(NAME)`` is NAME's value, or stays as written when NAME is not defined; an unclosed
-    ``$(`` and a ``$`` before any other character stay as written."""
-    out, cursor = [], 0
-    while cursor < len(text):
-        if text[cursor] != "$" or cursor + 1 == len(text):
-            out.append(text[cursor])
-            cursor += 1
-            continue
-        following = text[cursor + 1]
-        close = text.find(")", cursor + 2) if following == "(" else -1
-        if following == "$":
-            out.append("$")
-        elif close != -1:
-            name = text[cursor + 2 : close]
-            out.append(env.get(name, f"$({name})"))
-            cursor = close + 1
-            continue
-        else:
-            out.append("$" + following)
-        cursor += 2
-    return "".join(out)
-
-
-def kubelet_view(pod: JSON) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment the kubelet would start the pod's first container with: env
-    entries expanded in order against the ones before them, then the command against all."""
-    container = pod["spec"]["containers"][0]
-    env: dict[str, str] = {}
-    for entry in container.get("env", []):
-        if "valueFrom" in entry:
-            path = entry["valueFrom"]["fieldRef"]["fieldPath"]
-            key = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
-            assert key is not None, f"only annotation fieldRefs are modelled, not {path}"
-            env[entry["name"]] = pod["metadata"]["annotations"][key[1]]
-        else:
-            env[entry["name"]] = expand_references(entry.get("value", ""), env)
-    argv = [expand_references(word, env) for word in container["command"]]
-    return argv + [expand_references(word, env) for word in container.get("args", [])], env
 
 
 @contextmanager

@@ -1,18 +1,24 @@
-"""The Kubernetes backend through the official client against a loopback API server.
+"""The Kubernetes backend against a real control plane: API server, Job controller, scheduler.
 
-No real API server can run on this machine, so ``k8s_loopback`` stands in for one (read what it
-does and does not do there); the tests play the Job controller and the kubelet with its
-controls and check what a user would: the objects a launch creates, what each pod would run,
-the state and failure class an attempt ends with, the logs, and that cancel leaves nothing.
+``kube_control_plane`` (k8s_control_plane.py) runs etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler v1.36.2 on loopback for the whole session, with two Nodes of 8
+``nvidia.com/gpu`` each. The objects the backend creates are validated, defaulted, admitted
+(quotas) and acted on by the real components: the Job controller creates the pods, the
+scheduler binds them or says why not, the garbage collector cascades. Only the kubelet is
+played (``FakeKubelet``): pod phases and exit codes in ``pods/status``, logs served on the
+node's kubelet port, graceful deletions confirmed. Each test runs in its own namespace.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import secrets
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from sqlmodel import Session
@@ -29,24 +35,15 @@ from service.db.session import get_engine
 from service.db.users import create_user, user_by_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
 from tests.integration.helpers import tiny_spec
-from tests.integration.k8s_loopback import (
-    ApiError,
-    LoopbackApiServer,
-    kubelet_view,
-    loopback_api_server,
-)
+from tests.integration.k8s_control_plane import ControlPlane, write_kubeconfig
+from tests.integration.k8s_kubelet import FakeKubelet, kubelet_view, socket_closed_port
+from tests.integration.k8s_loopback import ApiError, loopback_api_server
 from workers.backends import get_backend, kubernetes
-from workers.backends.base import (
-    BackendState,
-    LaunchRequest,
-    PermanentError,
-    TemporaryError,
-)
-from workers.backends.kubernetes_render import master_port
+from workers.backends.base import BackendState, LaunchRequest, PermanentError, TemporaryError
+from workers.backends.kubernetes_render import master_port, render_job
 from workers.launch import launch_attempt
 from workers.reconcile import reconcile_attempt
 
-NS = "ml"
 NAME = "zp-tiny-gpt-0f3a9c21-a1"
 DS_CONFIG = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}
 CUDA_OOM_LOG = """\
@@ -57,23 +54,54 @@ Traceback (most recent call last):
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total \
 capacity of 79.15 GiB of which 1.02 GiB is free.
 """
-UNSCHEDULABLE = (
-    "0/6 nodes are available: 2 node(s) had untolerated taint "
-    "{node-role.kubernetes.io/control-plane: }, 4 Insufficient nvidia.com/gpu. preemption: 0/6 "
-    "nodes are available: 2 Preemption is not helpful for scheduling, 4 No preemption victims "
-    "found for incoming pod."
-)
+MANAGED = "app.kubernetes.io/managed-by=zeropilot"
+RESOURCES = {
+    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+}
 
 
 @pytest.fixture
-def cluster() -> Iterator[LoopbackApiServer]:
-    with loopback_api_server() as server:
-        yield server
+def plane(kube_control_plane: ControlPlane) -> ControlPlane:
+    return kube_control_plane
 
 
 @pytest.fixture
-def profile(cluster: LoopbackApiServer, tmp_path: Path) -> ClusterProfile:
-    return k8s_profile(cluster.write_kubeconfig(tmp_path / "kubeconfig"))
+def api(plane: ControlPlane) -> httpx.Client:
+    assert plane.api is not None
+    return plane.api
+
+
+@pytest.fixture
+def kubelet(plane: ControlPlane) -> Iterator[FakeKubelet]:
+    assert plane.kubelet is not None
+    plane.kubelet.finish_deletions = True
+    yield plane.kubelet
+    plane.kubelet.finish_deletions = True
+
+
+@pytest.fixture
+def ns(api: httpx.Client, kubelet: FakeKubelet) -> Iterator[str]:
+    """A fresh namespace, gone with its pods afterwards (so the next test has every GPU)."""
+    name = f"t-{secrets.token_hex(4)}"
+    created = api.post("/api/v1/namespaces", json={"metadata": {"name": name}})
+    assert created.status_code == 201, created.text
+    # Pods are refused until the ServiceAccount controller has made the namespace's default.
+    wait_until(lambda: api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").is_success)
+    yield name
+    # Jobs and pods first (the namespace controller takes seconds to get to them), then the
+    # namespace in the background.
+    api.delete(RESOURCES["jobs"].format(ns=name), params={"propagationPolicy": "Background"})
+    api.delete(RESOURCES["pods"].format(ns=name), params={"gracePeriodSeconds": 0})
+    wait_until(lambda: names(api, name, "pods", selector="") == [], timeout_s=60)
+    api.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def profile(plane: ControlPlane, ns: str) -> ClusterProfile:
+    return k8s_profile(plane.kubeconfig, namespace=ns)
 
 
 def k8s_profile(kubeconfig: Path, **changes: Any) -> ClusterProfile:
@@ -85,7 +113,6 @@ def k8s_profile(kubeconfig: Path, **changes: Any) -> ClusterProfile:
         "gpus_per_node": 8,
         "cpu_memory_gib": 512,
         "max_nodes": 4,
-        "namespace": NS,
         "kubeconfig": str(kubeconfig),
         "nccl_env": {"NCCL_SOCKET_IFNAME": "eth0"},
         **changes,
@@ -116,67 +143,115 @@ def launch_request(tmp_path: Path, profile: ClusterProfile, **changes: Any) -> L
     return LaunchRequest(**fields)
 
 
-def started(cluster: LoopbackApiServer, name: str = NAME) -> list[str]:
-    """Play the Job controller and the kubelet: every node's pod created and running."""
-    pods = cluster.create_job_pods(NS, name)
-    for pod in pods:
-        cluster.set_pod_running(NS, pod)
+def wait_until(condition: Callable[[], Any], timeout_s: float = 30) -> Any:
+    """The first truthy answer of ``condition``; the controllers act within a second or two."""
+    deadline = time.monotonic() + timeout_s
+    while not (answer := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still false after {timeout_s} s: {condition}")
+        time.sleep(0.1)
+    return answer
+
+
+def names(api: httpx.Client, ns: str, resource: str, selector: str = MANAGED) -> list[str]:
+    listed = api.get(RESOURCES[resource].format(ns=ns), params={"labelSelector": selector})
+    assert listed.is_success, listed.text
+    return sorted(item["metadata"]["name"] for item in listed.json()["items"])
+
+
+def read(api: httpx.Client, ns: str, resource: str, name: str) -> dict[str, Any]:
+    response = api.get(f"{RESOURCES[resource].format(ns=ns)}/{name}")
+    assert response.is_success, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def everything(api: httpx.Client, ns: str) -> list[list[str]]:
+    return [names(api, ns, kind) for kind in ("jobs", "pods", "services", "configmaps")]
+
+
+def started(kubelet: FakeKubelet, ns: str, nodes: int = 2, name: str = NAME) -> list[str]:
+    """The Job controller's pods, bound by the scheduler, their containers started."""
+    pods = kubelet.wait_for_pods(ns, name, nodes)
+    kubelet.run(ns, *pods)
     return pods
 
 
-def completed(cluster: LoopbackApiServer, name: str = NAME) -> None:
-    """Play the Job controller once every index has succeeded."""
-    message = "Reached expected number of succeeded pods"
-    cluster.set_job_condition(NS, name, "Complete", "CompletionsReached", message)
+def job_condition(api: httpx.Client, ns: str, kind: str, name: str = NAME) -> dict[str, Any]:
+    """Waits for the Job controller to set condition ``kind`` on the Job; returns it."""
+
+    def found() -> dict[str, Any] | None:
+        conditions = read(api, ns, "jobs", name)["status"].get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind and c["status"] == "True"), None)
+
+    condition: dict[str, Any] = wait_until(found)
+    return condition
 
 
-def failed(cluster: LoopbackApiServer, reason: str, message: str) -> None:
-    cluster.set_job_condition(NS, NAME, "Failed", reason, message)
+def poll_until(
+    profile: ClusterProfile, ref: str, state: BackendState, timeout_s: float = 30
+) -> Any:
+    return wait_until(
+        lambda: (status := kubernetes.poll(profile, ref)).state == state and status, timeout_s
+    )
 
 
-def creates(cluster: LoopbackApiServer) -> int:
-    return sum(1 for r in cluster.requests if r.method == "POST")
+def quota(api: httpx.Client, ns: str, hard: dict[str, str]) -> None:
+    body = {"metadata": {"name": "team-ml"}, "spec": {"hard": hard}}
+    assert api.post(f"/api/v1/namespaces/{ns}/resourcequotas", json=body).is_success
+    # The quota admits nothing until the resource-quota controller has counted the usage.
+    wait_until(lambda: "used" in read_quota(api, ns)["status"] if read_quota(api, ns) else False)
+
+
+def read_quota(api: httpx.Client, ns: str) -> dict[str, Any]:
+    response = api.get(f"/api/v1/namespaces/{ns}/resourcequotas/team-ml")
+    return dict(response.json()) if response.is_success else {}
 
 
 # ---- submit ----
 
 
 def test_submit_creates_the_job_its_headless_service_and_its_config_map(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
 
-    assert ref == f"{NS}/{NAME}"
-    assert [cluster.names(kind, NS) for kind in ("jobs", "services", "configmaps")] == [[NAME]] * 3
-    job = cluster.read("jobs", NS, NAME)
+    assert ref == f"{ns}/{NAME}"
+    assert [names(api, ns, kind) for kind in ("jobs", "services", "configmaps")] == [[NAME]] * 3
+    job = read(api, ns, "jobs", NAME)
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": NAME, "uid": job["metadata"]["uid"]}
-    config_map = cluster.read("configmaps", NS, NAME)
+    config_map = read(api, ns, "configmaps", NAME)
     assert config_map["metadata"]["ownerReferences"] == [owner]
     assert config_map["data"]["hostfile"] == (f"{NAME}-0.{NAME} slots=8\n{NAME}-1.{NAME} slots=8\n")
     assert json.loads(config_map["data"]["ds_config.json"]) == DS_CONFIG
-    service = cluster.read("services", NS, NAME)
+    service = read(api, ns, "services", NAME)
     assert service["metadata"]["ownerReferences"] == [owner]
     assert service["spec"]["clusterIP"] == "None"
     assert job["spec"]["completionMode"] == "Indexed"
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (2, 2)
+    # The server's defaults, which the loopback stand-in never filled in.
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"memory": "512Gi", "nvidia.com/gpu": "8"}
+    assert container["imagePullPolicy"] == "IfNotPresent"
 
 
 def test_a_profile_without_a_namespace_launches_in_the_workers_own(
-    cluster: LoopbackApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    api: httpx.Client, ns: str, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     own = tmp_path / "serviceaccount-namespace"  # what the kubelet mounts into the worker's pod
-    own.write_text("zeropilot\n")
+    own.write_text(f"{ns}\n")
     monkeypatch.setattr(kubernetes, "SERVICE_ACCOUNT_NAMESPACE", own)
-    profile = k8s_profile(cluster.write_kubeconfig(tmp_path / "kubeconfig"), namespace=None)
+    profile = k8s_profile(plane.kubeconfig, namespace=None)
 
     ref = kubernetes.submit(launch_request(tmp_path, profile))
 
-    assert ref == f"zeropilot/{NAME}"
-    assert cluster.names("jobs", "zeropilot") == [NAME]
+    assert ref == f"{ns}/{NAME}"
+    assert names(api, ns, "jobs") == [NAME]
 
 
 def test_each_pod_runs_the_ssh_less_launcher_with_its_own_rank_and_pod_0_as_master(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     evil = ("$(whoami)", "`id`", 'it\'s "quoted"; rm -rf /', "line one\nline two", "$$", "$HOME")
     request = launch_request(
@@ -184,17 +259,17 @@ def test_each_pod_runs_the_ssh_less_launcher_with_its_own_rank_and_pod_0_as_mast
     )
     kubernetes.submit(request)
 
-    pods = cluster.create_job_pods(NS, NAME)
+    pods = kubelet.wait_for_pods(ns, NAME, 2)
 
-    service = cluster.read("services", NS, NAME)
+    service = read(api, ns, "services", NAME)
     for index, pod_name in enumerate(pods):
-        pod = cluster.read("pods", NS, pod_name)
+        pod = read(api, ns, "pods", pod_name)
         # The pod's DNS name (hostname.subdomain) is the hostfile's line for its rank.
         assert f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}" == f"{NAME}-{index}.{NAME}"
         assert all(
             pod["metadata"]["labels"][k] == v for k, v in service["spec"]["selector"].items()
         )
-        argv, env = kubelet_view(pod)
+        argv, env = kubelet_view(pod)  # with the variables the real Job controller added
         assert argv == [
             "python3", "-m", "deepspeed.launcher.runner", "--no_ssh",
             "--hostfile", "/etc/zeropilot/hostfile",
@@ -207,135 +282,155 @@ def test_each_pod_runs_the_ssh_less_launcher_with_its_own_rank_and_pod_0_as_mast
         assert env["EVIL"] == "$(JOB_COMPLETION_INDEX) $(whoami)"
         assert env["ZEROPILOT_DS_CONFIG"] == "/etc/zeropilot/ds_config.json"
         assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert env["JOB_COMPLETION_INDEX"] == str(index)
+        assert pod["spec"]["nodeName"] in ("gpu-node-1", "gpu-node-2")  # the real scheduler's
+
+
+def test_a_users_job_completion_index_variable_is_refused(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    # The Job controller keeps a variable of that name when the pod has one: every rank got 7.
+    request = launch_request(tmp_path, profile, env={"JOB_COMPLETION_INDEX": "7"})
+
+    with pytest.raises(PermanentError, match="JOB_COMPLETION_INDEX is set by zeropilot"):
+        kubernetes.submit(request)
+    assert names(api, ns, "jobs") == []
 
 
 def test_submitting_twice_creates_nothing_new_and_returns_the_same_ref(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     request = launch_request(tmp_path, profile)
     first = kubernetes.submit(request)
     kinds = ("jobs", "services", "configmaps")
-    uids = {kind: cluster.read(kind, NS, NAME)["metadata"]["uid"] for kind in kinds}
+    uids = {kind: read(api, ns, kind, NAME)["metadata"]["uid"] for kind in kinds}
 
     again = kubernetes.submit(request)
 
     assert again == first
-    assert {k: cluster.read(k, NS, NAME)["metadata"]["uid"] for k in uids} == uids
-    assert cluster.names("jobs", NS) == [NAME]
+    assert {k: read(api, ns, k, NAME)["metadata"]["uid"] for k in uids} == uids
+    assert names(api, ns, "jobs") == [NAME]
 
 
 def test_a_submit_after_a_crash_midway_creates_the_rest(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    def unavailable_once(resource: str, _obj: dict[str, Any]) -> None:
-        if resource == "configmaps":
-            cluster.admission = None
-            raise ApiError(503, "ServiceUnavailable", "etcdserver: leader changed")
-
-    cluster.admission = unavailable_once
     request = launch_request(tmp_path, profile)
-    with pytest.raises(TemporaryError, match="leader changed"):
-        kubernetes.submit(request)
-    assert (cluster.names("jobs", NS), cluster.names("configmaps", NS)) == ([NAME], [])
+    # What a worker killed right after its first create left behind: the Job alone.
+    assert api.post(RESOURCES["jobs"].format(ns=ns), json=render_job(request)).is_success
 
     ref = kubernetes.submit(request)
 
-    assert ref == f"{NS}/{NAME}"
-    job_uid = cluster.read("jobs", NS, NAME)["metadata"]["uid"]
+    assert ref == f"{ns}/{NAME}"
+    job_uid = read(api, ns, "jobs", NAME)["metadata"]["uid"]
     for kind in ("configmaps", "services"):
-        assert cluster.read(kind, NS, NAME)["metadata"]["ownerReferences"][0]["uid"] == job_uid
+        assert read(api, ns, kind, NAME)["metadata"]["ownerReferences"][0]["uid"] == job_uid
+
+
+def test_a_resubmit_while_the_job_is_being_deleted_does_not_adopt_it(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    request = launch_request(tmp_path, profile)
+    ref = kubernetes.submit(request)
+    started(kubelet, ns)
+    kubelet.finish_deletions = False  # the pods stay Terminating: the Job waits (Foreground)
+    kubernetes.cancel(profile, ref)
+
+    with pytest.raises(TemporaryError, match="being deleted"):
+        kubernetes.submit(request)
+
+    kubelet.finish_deletions = True
+    wait_until(lambda: names(api, ns, "jobs") == [])
+    assert kubernetes.submit(request) == ref  # once it is gone, a new one
+    assert not read(api, ns, "jobs", NAME)["metadata"].get("deletionTimestamp")
 
 
 def test_a_namesake_job_that_zeropilot_did_not_create_is_not_adopted(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    cluster.create(
-        "jobs",
-        NS,
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": NAME},
-            "spec": {
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "other", "image": "busybox"}],
-                    }
+    other = {
+        "metadata": {"name": NAME},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "other", "image": "busybox"}],
                 }
-            },
+            }
         },
-    )
+    }
+    assert api.post(RESOURCES["jobs"].format(ns=ns), json=other).is_success
 
     with pytest.raises(PermanentError, match="was not created for attempt"):
         kubernetes.submit(launch_request(tmp_path, profile))
-    assert cluster.names("configmaps", NS) == []
+    assert names(api, ns, "configmaps") == []
 
 
-def test_a_quota_rejection_is_a_permanent_error_with_the_servers_words(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+def test_a_job_quota_rejection_is_a_permanent_error_with_the_servers_words(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    quota = (
-        f'jobs.batch "{NAME}" is forbidden: exceeded quota: team-ml, requested: '
-        "count/jobs.batch=1, used: count/jobs.batch=10, limited: count/jobs.batch=10"
-    )
+    quota(api, ns, {"count/jobs.batch": "0"})
 
-    def over_quota(resource: str, _obj: dict[str, Any]) -> None:
-        raise ApiError(403, "Forbidden", quota)
-
-    cluster.admission = over_quota
-
-    with pytest.raises(PermanentError) as raised:
+    with pytest.raises(PermanentError, match=r"exceeded quota: team-ml, requested: count/jobs"):
         kubernetes.submit(launch_request(tmp_path, profile))
-    assert quota in str(raised.value)
-    assert cluster.names("jobs", NS) == []
+    assert names(api, ns, "jobs") == []
 
 
-@pytest.mark.parametrize(
-    ("code", "reason", "expected"),
-    [
-        (400, "BadRequest", PermanentError),  # an admission webhook's denial
-        (422, "Invalid", PermanentError),
-        (429, "TooManyRequests", TemporaryError),
-        (500, "InternalError", TemporaryError),
-    ],
-)
-def test_api_errors_carry_intent(
-    cluster: LoopbackApiServer,
-    profile: ClusterProfile,
-    tmp_path: Path,
-    code: int,
-    reason: str,
-    expected: type[Exception],
+def test_a_submit_refused_after_the_job_exists_leaves_nothing_behind(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    message = f'admission webhook "policy.example.org" denied the request: {reason}'
+    quota(api, ns, {"services": "0"})
 
-    def reject(resource: str, _obj: dict[str, Any]) -> None:
-        raise ApiError(code, reason, message)
-
-    cluster.admission = reject
-
-    with pytest.raises(expected, match="denied the request"):
+    with pytest.raises(PermanentError, match=r"exceeded quota: team-ml, requested: services=1"):
         kubernetes.submit(launch_request(tmp_path, profile))
+
+    wait_until(lambda: everything(api, ns) == [[]] * 4)
+
+
+def test_an_object_the_server_finds_invalid_is_a_permanent_error(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    # The schema allows any count; the server allows at most 100000 indexes.
+    with pytest.raises(PermanentError, match="Invalid value: 100001"):
+        kubernetes.submit(launch_request(tmp_path, profile, nodes=100_001))
+    assert names(api, ns, "jobs") == []
 
 
 def test_an_unreachable_api_server_is_a_temporary_error(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cluster.stop()
+    with socket_closed_port() as port:
+        kubeconfig = write_kubeconfig(
+            tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", plane.certs / "ca.crt", "t"
+        )
+        profile = k8s_profile(kubeconfig, namespace="ml")
 
-    with pytest.raises(TemporaryError, match="did not answer"):
-        kubernetes.submit(launch_request(tmp_path, profile))
-    with pytest.raises(TemporaryError):
-        kubernetes.poll(profile, f"{NS}/{NAME}")
+        with pytest.raises(TemporaryError, match="did not answer"):
+            kubernetes.submit(launch_request(tmp_path, profile))
+        with pytest.raises(TemporaryError):
+            kubernetes.poll(profile, f"ml/{NAME}")
 
 
-def test_a_wrong_token_is_refused_for_good(cluster: LoopbackApiServer, tmp_path: Path) -> None:
-    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-    kubeconfig.write_text(kubeconfig.read_text().replace("loopback-token", "stale-token"))
+def test_a_wrong_token_is_refused_for_good(plane: ControlPlane, tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", plane.url, plane.certs / "ca.crt", "stale-token"
+    )
 
     with pytest.raises(PermanentError, match="Unauthorized"):
-        kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig)))
+        kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig, namespace="ml")))
+
+
+def test_a_wrong_certificate_authority_is_refused_for_good(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    wrong_ca = tmp_path / "other-ca.crt"
+    wrong_ca.write_text((plane.certs / "kubelet-client.crt").read_text())  # not the CA
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", plane.url, wrong_ca, "t")
+    began = time.monotonic()
+
+    with pytest.raises(PermanentError, match="certificate verify failed"):
+        kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig, namespace="ml")))
+    assert time.monotonic() - began < 5  # not retried as if the server were busy
 
 
 def test_a_missing_kubeconfig_is_a_permanent_error(tmp_path: Path) -> None:
@@ -346,188 +441,244 @@ def test_a_missing_kubeconfig_is_a_permanent_error(tmp_path: Path) -> None:
 
 
 def test_a_job_without_an_image_is_refused_before_any_call(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     with pytest.raises(PermanentError, match="needs an image"):
         kubernetes.submit(launch_request(tmp_path, profile, image=None))
-    assert cluster.requests == []
+    assert everything(api, ns) == [[]] * 4
 
 
-# ---- poll ----
+# ---- poll: waiting ----
 
 
 def test_pods_the_scheduler_cannot_place_are_pending_with_its_reason(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = cluster.create_job_pods(NS, NAME)
-    cluster.set_pod_running(NS, first)
-    cluster.set_pod_unschedulable(NS, second, UNSCHEDULABLE)
+    ref = kubernetes.submit(launch_request(tmp_path, profile, procs_per_node=9))
 
-    status = kubernetes.poll(profile, ref)
+    status = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "Unschedulable" and s
+    )
 
-    assert (status.state, status.native_state) == (BackendState.PENDING, "Unschedulable")
-    assert "1 of 2 pods running" in status.reason
-    assert "4 Insufficient nvidia.com/gpu" in status.reason
+    assert status.state == BackendState.PENDING
+    assert "0 of 2 pods running" in status.reason
+    assert "0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in status.reason
 
 
 def test_a_job_waiting_in_its_kueue_queue_is_pending_until_admitted(
-    cluster: LoopbackApiServer, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path
 ) -> None:
-    profile = k8s_profile(cluster.write_kubeconfig(tmp_path / "kubeconfig"), queue="team-ml")
+    profile = k8s_profile(plane.kubeconfig, namespace=ns, queue="team-ml")
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    job = cluster.read("jobs", NS, NAME)
+    job = read(api, ns, "jobs", NAME)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-ml"
+    time.sleep(1)  # the Job controller has had time to act, and made no pod: it is suspended
+    assert kubelet.pods(ns, NAME) == []
 
     waiting = kubernetes.poll(profile, ref)
-    cluster.unsuspend_job(NS, NAME)  # Kueue admits the workload
-    started(cluster)
-    running = kubernetes.poll(profile, ref)
+    # Playing Kueue: admitting the workload unsuspends the Job.
+    unsuspend = {"spec": {"suspend": False}}
+    api.patch(f"{RESOURCES['jobs'].format(ns=ns)}/{NAME}", json=unsuspend,
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    started(kubelet, ns)
+    running = poll_until(profile, ref, BackendState.RUNNING)
 
     assert (waiting.state, waiting.reason) == (BackendState.PENDING, "waiting in queue team-ml")
     assert running.state == BackendState.RUNNING
 
 
+def test_a_pod_the_server_refuses_is_a_launch_error_with_the_controllers_words(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    # Valid in a Job's template, invalid in every pod the Job controller tries to create.
+    ref = kubernetes.submit(launch_request(tmp_path, profile, image=" registry.example/train:1 "))
+
+    status = poll_until(profile, ref, BackendState.FAILED)
+
+    assert status.native_state == "FailedCreate"
+    assert "must not have leading or trailing whitespace" in status.reason
+    assert status.failure_class() == FailureClass.LAUNCH_ERROR
+    wait_until(lambda: everything(api, ns) == [[]] * 4)  # the Job is deleted
+
+
+def test_a_gpu_quota_that_admits_one_pod_of_two_is_pending_with_the_quota_message(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    quota(api, ns, {"requests.nvidia.com/gpu": "8"})
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    kubelet.wait_for_pods(ns, NAME, 1)
+
+    status = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "FailedCreate" and s
+    )
+
+    assert status.state == BackendState.PENDING
+    assert "exceeded quota: team-ml" in status.reason
+    assert "requested: requests.nvidia.com/gpu=8" in status.reason
+
+
+def test_a_gpu_quota_smaller_than_one_pod_is_a_launch_error(
+    api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    quota(api, ns, {"requests.nvidia.com/gpu": "4"})
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+
+    status = poll_until(profile, ref, BackendState.FAILED)
+
+    assert status.native_state == "FailedCreate"
+    assert "limited: requests.nvidia.com/gpu=4" in status.reason
+    assert status.failure_class() == FailureClass.LAUNCH_ERROR
+
+
+# ---- poll: running and ending ----
+
+
 def test_a_job_runs_then_succeeds_with_every_nodes_exit_code(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
     assert kubernetes.poll(profile, ref).state == BackendState.PENDING  # no pods yet
-    pods = started(cluster)
+    pods = started(kubelet, ns)
     running = kubernetes.poll(profile, ref)
-    cluster.set_pod_log(NS, pods[0], "step 100 loss 0.8213 tokens/s 4,306\n")
+    kubelet.set_log(ns, pods[0], "step 100 loss 0.8213 tokens/s 4,306\n")
     for pod in pods:
-        cluster.set_pod_terminated(NS, pod, 0)
-    completed(cluster)
+        kubelet.exit(ns, pod, 0)
 
-    done = kubernetes.poll(profile, ref)
+    done = poll_until(profile, ref, BackendState.SUCCEEDED)
 
     assert running.state == BackendState.RUNNING
-    assert (done.state, done.exit_code, done.node_exit_codes) == (
-        BackendState.SUCCEEDED, 0, {0: 0, 1: 0},
-    )  # fmt: skip
+    assert (done.exit_code, done.node_exit_codes) == (0, {0: 0, 1: 0})
     assert "step 100 loss 0.8213" in done.log_tail
 
 
 def test_an_oom_killed_container_is_host_out_of_memory(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = started(cluster)
-    cluster.set_pod_terminated(NS, second, 137, reason="OOMKilled")
-    cluster.set_pod_log(NS, first, "NCCL WARN Net : Connection closed by remote peer\n")
-    cluster.set_pod_terminated(NS, first, 1)
-    failed(
-        cluster, "PodFailurePolicy",
-        f"Container trainer for pod {NS}/{second} failed with exit code 137 matching FailJob "
-        "rule at index 1",
-    )  # fmt: skip
+    _first, second = started(kubelet, ns)
 
-    status = kubernetes.poll(profile, ref)
+    kubelet.exit(ns, second, 137, reason="OOMKilled")
+    status = poll_until(profile, ref, BackendState.FAILED)
 
-    assert (status.state, status.native_state, status.exit_code) == (
-        BackendState.FAILED, "OOMKilled", 137,
-    )  # fmt: skip
-    assert status.node_exit_codes == {0: 1, 1: 137}
+    assert (status.native_state, status.exit_code) == ("OOMKilled", 137)
     assert f"pod {second} (node 1) exited 137 (OOMKilled)" in status.reason
+    assert status.node_exit_codes[1] == 137
     assert status.failure_class() == FailureClass.OOM_HOST
 
 
-def test_a_cuda_out_of_memory_in_the_log_is_gpu_out_of_memory(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+def test_a_node_the_controller_stopped_is_named_without_an_exit_code(
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = started(cluster)
-    cluster.set_pod_log(NS, second, CUDA_OOM_LOG)
-    cluster.set_pod_log(NS, first, "NCCL WARN Net : Connection closed by remote peer\n")
-    cluster.set_pod_terminated(NS, second, 1)
-    cluster.set_pod_terminated(NS, first, 1)  # in the same second: only the Job says who
-    failed(
-        cluster, "PodFailurePolicy",
-        f"Container trainer for pod {NS}/{second} failed with exit code 1 matching FailJob rule "
-        "at index 1",
-    )  # fmt: skip
+    _first, second = started(kubelet, ns)
 
-    status = kubernetes.poll(profile, ref)
+    kubelet.exit(ns, second, 3)
+    job_condition(kubelet.api, ns, "Failed")  # the controller has deleted pod 0 by now
+    status = poll_until(profile, ref, BackendState.FAILED)
 
-    assert (status.state, status.exit_code) == (BackendState.FAILED, 1)
+    assert status.node_exit_codes == {1: 3}
+    assert "node 0: pod stopped and deleted, exit code not kept" in status.reason
+
+
+def test_a_cuda_out_of_memory_in_the_log_is_gpu_out_of_memory(
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    first, second = started(kubelet, ns)
+    kubelet.set_log(ns, second, CUDA_OOM_LOG)
+    kubelet.set_log(ns, first, "NCCL WARN Net : Connection closed by remote peer\n")
+
+    kubelet.exit(ns, second, 1)
+    status = poll_until(profile, ref, BackendState.FAILED)
+
+    assert status.exit_code == 1
     assert "CUDA out of memory" in status.log_tail
-    message = cluster.read("pods", NS, second)["status"]["containerStatuses"][0]["state"]
-    assert "CUDA out of memory" in message["terminated"]["message"]  # FallbackToLogsOnError
     assert status.failure_class() == FailureClass.OOM_GPU
 
 
-def test_a_preempted_pod_is_a_lost_node(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+def test_an_evicted_pod_is_a_lost_node_after_it_is_gone(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = started(cluster)
-    cluster.add_pod_condition(
-        NS, second, "DisruptionTarget", "PreemptionByScheduler",
-        "default-scheduler: preempting to accommodate a higher priority pod",
-    )  # fmt: skip
-    cluster.set_pod_terminated(NS, second, 143)
-    cluster.set_pod_terminated(NS, first, 1)
-    failed(
-        cluster, "PodFailurePolicy",
-        f"Pod {NS}/{second} has condition DisruptionTarget matching FailJob rule at index 0",
-    )  # fmt: skip
+    _first, second = started(kubelet, ns)
 
+    # A drain: the Eviction API marks the pod DisruptionTarget and deletes it; the kubelet
+    # stops it (exit 143) and confirms; the Job controller's podFailurePolicy fails the Job.
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": second}}
+    evicted = api.post(f"/api/v1/namespaces/{ns}/pods/{second}/eviction", json=eviction)
+    assert evicted.is_success, evicted.text
+    condition = job_condition(api, ns, "Failed")
+    wait_until(lambda: second not in names(api, ns, "pods", selector=""))
     status = kubernetes.poll(profile, ref)
 
+    assert "has condition DisruptionTarget" in condition["message"]
     assert (status.state, status.native_state) == (BackendState.FAILED, "DisruptionTarget")
-    assert "PreemptionByScheduler" in status.reason
+    assert f"Pod {ns}/{second} has condition DisruptionTarget" in status.reason
+    assert status.failure_class() == FailureClass.NODE_LOST
+
+
+def test_a_node_tainted_out_of_service_is_a_lost_node(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    ref = kubernetes.submit(launch_request(tmp_path, profile, nodes=1))
+    (pod,) = started(kubelet, ns, nodes=1)
+    node = read(api, ns, "pods", pod)["spec"]["nodeName"]
+    taint = {"key": "node.kubernetes.io/out-of-service", "value": "shutdown", "effect": "NoExecute"}
+    api.patch(f"/api/v1/nodes/{node}", json={"spec": {"taints": [taint]}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    try:
+        status = poll_until(profile, ref, BackendState.FAILED)
+    finally:
+        kubelet.register(node)  # untainted again for the next tests
+
+    assert status.native_state == "DisruptionTarget"
+    assert (
+        "DeletionByTaintManager" in status.reason
+        or "has condition DisruptionTarget" in status.reason
+    )
     assert status.failure_class() == FailureClass.NODE_LOST
 
 
 def test_a_job_past_its_deadline_is_a_timeout(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    ref = kubernetes.submit(launch_request(tmp_path, profile, time_limit_s=600))
-    assert cluster.read("jobs", NS, NAME)["spec"]["activeDeadlineSeconds"] == 600
-    for pod in started(cluster):
-        cluster.set_pod_terminated(NS, pod, 143)
-    failed(cluster, "DeadlineExceeded", "Job was active longer than specified deadline")
+    ref = kubernetes.submit(launch_request(tmp_path, profile, time_limit_s=2))
+    assert read(api, ns, "jobs", NAME)["spec"]["activeDeadlineSeconds"] == 2
+    started(kubelet, ns)
 
-    status = kubernetes.poll(profile, ref)
+    status = poll_until(profile, ref, BackendState.FAILED)
 
-    assert (status.state, status.native_state) == (BackendState.FAILED, "DeadlineExceeded")
+    assert status.native_state == "DeadlineExceeded"
     assert status.failure_class() == FailureClass.TIMEOUT
 
 
 def test_a_plain_non_zero_exit_is_the_users_error(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = started(cluster)
-    cluster.set_pod_log(NS, second, "KeyError: 'input_ids'\n")
-    cluster.set_pod_terminated(NS, second, 3)
-    cluster.set_pod_terminated(NS, first, 143)  # stopped by the Job controller afterwards
-    failed(cluster, "PodFailurePolicy", "a message that names no pod")
+    _first, second = started(kubelet, ns)
+    kubelet.set_log(ns, second, "KeyError: 'input_ids'\n")
 
-    status = kubernetes.poll(profile, ref)
+    kubelet.exit(ns, second, 3)
+    status = poll_until(profile, ref, BackendState.FAILED)
 
-    assert (status.state, status.exit_code, status.native_state) == (
-        BackendState.FAILED, 3, "Error",
-    )  # fmt: skip
-    assert status.node_exit_codes == {0: 143, 1: 3}
+    assert (status.exit_code, status.native_state) == (3, "Error")
     assert "KeyError: 'input_ids'" in status.log_tail
     assert status.failure_class() == FailureClass.USER_ERROR
 
 
 def test_a_missing_executable_is_a_launch_error(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, _second = started(cluster)
-    cluster.set_pod_terminated(
-        NS, first, 128, reason="StartError",
+    first, _second = started(kubelet, ns)
+
+    kubelet.exit(
+        ns, first, 128, reason="StartError",
         message='failed to create containerd task: exec: "python3": executable file not found in '
         "$PATH: unknown",
     )  # fmt: skip
-    failed(cluster, "PodFailurePolicy", "matching FailJob rule at index 1")
-
-    status = kubernetes.poll(profile, ref)
+    status = poll_until(profile, ref, BackendState.FAILED)
 
     assert (status.native_state, status.exit_code) == ("StartError", 128)
     assert "executable file not found" in status.log_tail
@@ -535,13 +686,13 @@ def test_a_missing_executable_is_a_launch_error(
 
 
 def test_an_image_that_cannot_be_pulled_is_a_launch_error_and_frees_the_nodes(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile, image="registry.example/train:nope"))
-    first, second = cluster.create_job_pods(NS, NAME)
-    cluster.set_pod_running(NS, first)
-    cluster.set_pod_waiting(
-        NS, second, "ImagePullBackOff", 'Back-off pulling image "registry.example/train:nope"'
+    first, second = kubelet.wait_for_pods(ns, NAME, 2)
+    kubelet.run(ns, first)
+    kubelet.wait_for_image(
+        ns, second, "ImagePullBackOff", 'Back-off pulling image "registry.example/train:nope"'
     )
 
     status = kubernetes.poll(profile, ref)
@@ -549,60 +700,86 @@ def test_an_image_that_cannot_be_pulled_is_a_launch_error_and_frees_the_nodes(
     assert (status.state, status.native_state) == (BackendState.FAILED, "ImagePullBackOff")
     assert 'Back-off pulling image "registry.example/train:nope"' in status.reason
     assert status.failure_class() == FailureClass.LAUNCH_ERROR
-    assert [cluster.names(k, NS) for k in ("jobs", "pods", "services", "configmaps")] == [[]] * 4
+    wait_until(lambda: everything(api, ns) == [[]] * 4)
+
+
+def test_a_failed_job_is_recorded_while_its_nodes_kubelet_is_unreachable(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    ref = kubernetes.submit(launch_request(tmp_path, profile, nodes=1))
+    (pod,) = started(kubelet, ns, nodes=1)
+    node = read(api, ns, "pods", pod)["spec"]["nodeName"]
+    kubelet.set_log(ns, pod, "KeyError: 'input_ids'\n")
+    kubelet.exit(ns, pod, 3)
+
+    with kubelet.unreachable(node):
+        status = poll_until(profile, ref, BackendState.FAILED)
+        text = kubernetes.logs(profile, ref)
+
+    assert (status.exit_code, status.failure_class()) == (3, FailureClass.USER_ERROR)
+    assert "KeyError: 'input_ids'" in status.log_tail  # from the termination message
+    assert "log unavailable" in text
 
 
 def test_a_job_deleted_behind_zeropilots_back_is_lost(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    started(cluster)
-    cluster.delete("jobs", NS, NAME, "Background")  # kubectl delete job
+    started(kubelet, ns)
+    # kubectl delete job (Background) as an administrator would
+    api.delete(f"{RESOURCES['jobs'].format(ns=ns)}/{NAME}",
+               params={"propagationPolicy": "Background"})  # fmt: skip
 
-    status = kubernetes.poll(profile, ref)
+    status = poll_until(profile, ref, BackendState.LOST)
 
-    assert (status.state, status.native_state) == (BackendState.LOST, "NotFound")
-    assert cluster.names("pods", NS) == []  # the cascade took its pods
+    assert status.native_state == "NotFound"
+    wait_until(lambda: names(api, ns, "pods") == [])  # the garbage collector took its pods
 
 
 # ---- cancel and logs ----
 
 
 def test_cancel_deletes_the_job_its_pods_and_everything_it_owns(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    started(cluster)
+    started(kubelet, ns)
 
     kubernetes.cancel(profile, ref)
+    going = kubernetes.poll(profile, ref)
 
-    assert [cluster.names(k, NS) for k in ("jobs", "pods", "services", "configmaps")] == [[]] * 4
+    assert going.state.terminal
+    wait_until(lambda: everything(api, ns) == [[]] * 4)
     kubernetes.cancel(profile, ref)  # cancelling what is gone is a no-op
     assert kubernetes.poll(profile, ref).state.terminal
 
 
 def test_a_job_held_by_a_finalizer_reads_as_cancelled_while_it_goes(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    started(cluster)
-    cluster.add_finalizer("jobs", NS, NAME, "example.com/audit")
+    started(kubelet, ns)
+    path = f"{RESOURCES['jobs'].format(ns=ns)}/{NAME}"
+    api.patch(path, json={"metadata": {"finalizers": ["example.com/audit"]}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
     kubernetes.cancel(profile, ref)
     status = kubernetes.poll(profile, ref)
 
     assert status.state == BackendState.CANCELLED
     assert status.failure_class() == FailureClass.CANCELLED
-    assert cluster.names("pods", NS) == []
+    wait_until(lambda: names(api, ns, "pods") == [])
+    api.patch(path, json={"metadata": {"finalizers": None}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
 
 def test_logs_are_each_nodes_tail_under_its_pod_name(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
-    first, second = started(cluster)
-    cluster.set_pod_log(NS, first, "".join(f"step {i} loss 1.0\n" for i in range(1, 6)))
-    cluster.set_pod_log(NS, second, '{"rank": 8, "note": "a JSON-looking line stays text"}\n')
+    first, second = started(kubelet, ns)
+    kubelet.set_log(ns, first, "".join(f"step {i} loss 1.0\n" for i in range(1, 6)))
+    kubelet.set_log(ns, second, '{"rank": 8, "note": "a JSON-looking line stays text"}\n')
 
     text = kubernetes.logs(profile, ref, tail_lines=2)
 
@@ -614,13 +791,13 @@ def test_logs_are_each_nodes_tail_under_its_pod_name(
 
 
 def test_logs_of_a_single_node_job_have_no_header(
-    cluster: LoopbackApiServer, profile: ClusterProfile, tmp_path: Path
+    ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile, nodes=1))
-    (pod,) = cluster.create_job_pods(NS, NAME)
-    assert kubernetes.logs(profile, ref) == ""  # still ContainerCreating: no log yet
-    cluster.set_pod_running(NS, pod)
-    cluster.set_pod_log(NS, pod, "one\ntwo\nthree\n")
+    (pod,) = kubelet.wait_for_pods(ns, NAME, 1)
+    assert kubernetes.logs(profile, ref) == ""  # not started: the server answers 200, empty
+    kubelet.run(ns, pod)
+    kubelet.set_log(ns, pod, "one\ntwo\nthree\n")
 
     assert kubernetes.logs(profile, ref, tail_lines=2) == "two\nthree"
 
@@ -631,21 +808,22 @@ PLAN = {"zero_stage": 2, "activation_checkpointing": False, "ds_config": DS_CONF
 
 
 def test_the_worker_launches_and_follows_a_job_to_succeeded(
-    cluster: LoopbackApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    settings, job_id, attempt_id = queued_kubernetes_job(cluster, tmp_path, monkeypatch)
+    ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
 
     launch_attempt(settings, attempt_id)
     job, attempt = load(settings, job_id, attempt_id)
     assert (job.status, attempt.backend_ref) == (
-        JobStatus.LAUNCHING, f"{NS}/{attempt.backend_name}",
+        JobStatus.LAUNCHING, f"{ns}/{attempt.backend_name}",
     )  # fmt: skip
-    pods = started(cluster, attempt.backend_name)
+    pods = started(kubelet, ns, name=attempt.backend_name)
     reconcile_attempt(settings, attempt_id)
     running, _ = load(settings, job_id, attempt_id)
     for pod in pods:
-        cluster.set_pod_terminated(NS, pod, 0)
-    completed(cluster, attempt.backend_name)
+        kubelet.exit(ns, pod, 0)
+    job_condition(kubelet.api, ns, "Complete", attempt.backend_name)
     reconcile_attempt(settings, attempt_id)
     done, finished = load(settings, job_id, attempt_id)
 
@@ -653,20 +831,17 @@ def test_the_worker_launches_and_follows_a_job_to_succeeded(
     assert (done.status, finished.status, finished.exit_code) == (
         JobStatus.SUCCEEDED, AttemptStatus.SUCCEEDED, 0,
     )  # fmt: skip
-    _argv, env = kubelet_view(cluster.read("pods", NS, pods[0]))
+    _argv, env = kubelet_view(kubelet.pod(ns, pods[0]))
     assert env["ZEROPILOT_ATTEMPT_ID"] == attempt_id
     assert env["ZEROPILOT_DS_CONFIG"] == "/etc/zeropilot/ds_config.json"
 
 
 def test_the_worker_records_a_quota_rejection_as_a_launch_error(
-    cluster: LoopbackApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    settings, job_id, attempt_id = queued_kubernetes_job(cluster, tmp_path, monkeypatch)
-
-    def over_quota(resource: str, _obj: dict[str, Any]) -> None:
-        raise ApiError(403, "Forbidden", "exceeded quota: team-ml, requested: count/jobs.batch=1")
-
-    cluster.admission = over_quota
+    api: httpx.Client, ns: str, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    quota(api, ns, {"count/jobs.batch": "0"})
 
     launch_attempt(settings, attempt_id)
     job, attempt = load(settings, job_id, attempt_id)
@@ -676,12 +851,13 @@ def test_the_worker_records_a_quota_rejection_as_a_launch_error(
 
 
 def queued_kubernetes_job(
-    cluster: LoopbackApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plane: ControlPlane, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Settings, str, str]:
     """A job for a kubernetes cluster profile (from the profiles file), QUEUED in SQLite."""
-    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     profiles = tmp_path / "clusters.yaml"
-    fields = k8s_profile(kubeconfig).model_dump(mode="json", exclude_defaults=True)
+    fields = k8s_profile(plane.kubeconfig, namespace=ns).model_dump(
+        mode="json", exclude_defaults=True
+    )
     profiles.write_text(yaml.safe_dump({"clusters": [fields]}))
     monkeypatch.setenv("ZEROPILOT_CLUSTERS__PROFILES_FILE", str(profiles))
     database = f"sqlite:///{tmp_path / 'zeropilot.db'}"
@@ -722,3 +898,32 @@ def load(settings: Settings, job_id: str, attempt_id: str) -> tuple[Job, Attempt
         job, attempt = session.get(Job, job_id), session.get(Attempt, attempt_id)
         assert job is not None and attempt is not None
         return job, attempt
+
+
+# ---- what only the loopback stand-in can show ----
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "expected"),
+    [
+        (400, "BadRequest", PermanentError),  # an admission webhook's denial
+        (429, "TooManyRequests", TemporaryError),
+        (500, "InternalError", TemporaryError),
+    ],
+)
+def test_api_errors_carry_intent(
+    tmp_path: Path, code: int, reason: str, expected: type[Exception]
+) -> None:
+    # The loopback stand-in, because the control plane here runs no admission webhook and
+    # cannot be made to answer 400, 429 or 500 to a create on demand.
+    message = f'admission webhook "policy.example.org" denied the request: {reason}'
+
+    def reject(resource: str, _obj: dict[str, Any]) -> None:
+        raise ApiError(code, reason, message)
+
+    with loopback_api_server() as server:
+        server.admission = reject
+        profile = k8s_profile(server.write_kubeconfig(tmp_path / "kubeconfig"), namespace="ml")
+
+        with pytest.raises(expected, match="denied the request"):
+            kubernetes.submit(launch_request(tmp_path, profile))

@@ -14,9 +14,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from pydantic import ValidationError
 
 from service.core.clusters import BackendKind, ClusterProfile
-from tests.integration.k8s_loopback import expand_references
+from service.core.spec import JobSpec
+from tests.integration.k8s_kubelet import expand_references
 from workers.backends.base import LaunchRequest, PermanentError
 from workers.backends.kubernetes import decode_ref, encode_ref
 from workers.backends.kubernetes_render import (
@@ -32,6 +34,13 @@ from workers.backends.kubernetes_render import (
 NAME = "zp-tiny-gpt-0f3a9c21-a1"
 # Variables a careless rendering would let Kubernetes substitute; none of them may be.
 DEFINED = {"JOB_COMPLETION_INDEX": "1", "whoami": "root", "HOME": "/root", "PATH": "/usr/bin"}
+TINY_SPEC: dict[str, Any] = {
+    "name": "tiny-gpt",
+    "entrypoint": "train.py",
+    "model": {"parameters": 1000000},
+    "training": {"sequence_length": 32, "global_batch_size": 8},
+    "resources": {"nodes": 1, "gpus_per_node": 2},
+}
 EVIL = [
     "$(whoami)",
     "`whoami`",
@@ -305,6 +314,11 @@ def test_the_service_is_headless_and_selects_the_jobs_pods(tmp_path: Path) -> No
         ({"profile": profile(queue="no spaces")}, "queue"),
         ({"profile": profile(master_port_range=(30000, 29999))}, "reversed"),
         ({"args": ("a\0b",)}, "NUL"),
+        ({"env": {"JOB_COMPLETION_INDEX": "7"}}, "JOB_COMPLETION_INDEX is set by zeropilot"),
+        (
+            {"profile": profile(nccl_env={"JOB_COMPLETION_INDEX": "0"})},
+            "JOB_COMPLETION_INDEX is set by zeropilot",
+        ),
     ],
 )
 def test_what_kubernetes_would_reject_is_refused_before_any_call(
@@ -319,3 +333,20 @@ def test_the_reference_is_namespace_slash_name() -> None:
     for bad in ("", "ml", "/x", "ml/", "a/b/c", "123:/tmp/attempt"):
         with pytest.raises(PermanentError, match="not a Kubernetes backend reference"):
             decode_ref(bad)
+
+
+@pytest.mark.parametrize(
+    "name", ["JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "ZEROPILOT_ATTEMPT_ID", "RANK"]
+)
+def test_a_job_spec_may_not_set_what_the_launch_sets(name: str) -> None:
+    spec = {**TINY_SPEC, "env": {name: "7"}}
+
+    with pytest.raises(ValidationError, match=f"env.{name}: zeropilot sets this variable"):
+        JobSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize("path", ["/dev/shm", "/etc/zeropilot/", "/dev//shm", "/"])
+def test_a_shared_volume_path_that_a_pod_mounts_already_is_refused(path: str) -> None:
+    # The API server refuses such a Job (422 "must be unique"); the profile says why first.
+    with pytest.raises(ValidationError, match=r"shared_volume_path .* collides"):
+        profile(shared_volume_claim="zeropilot-data", shared_volume_path=path)

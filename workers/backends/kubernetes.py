@@ -37,6 +37,7 @@ from workers.backends.base import (
     PermanentError,
     TemporaryError,
 )
+from workers.backends.kubernetes_events import failed_create
 from workers.backends.kubernetes_render import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -50,10 +51,12 @@ from workers.backends.kubernetes_render import (
 from workers.backends.kubernetes_status import (
     Json,
     active_status,
+    completions,
     failed_status,
     launch_error,
     newest_by_index,
     node_exit_codes,
+    pods_missing,
     terminated_state,
     true_conditions,
 )
@@ -94,20 +97,27 @@ def submit(request: LaunchRequest) -> str:
     uid = created["metadata"]["uid"]
     config_map = render_config_map(request, ds_config, uid)
     service = render_service(request, uid)
-    _create_or_adopt(
-        request,
-        f"ConfigMap {namespace}/{name}",
-        lambda: core.create_namespaced_config_map(namespace, config_map, **_RAW),
-        lambda: core.read_namespaced_config_map(name, namespace, **_RAW),
-        owner_uid=uid,
-    )
-    _create_or_adopt(
-        request,
-        f"Service {namespace}/{name}",
-        lambda: core.create_namespaced_service(namespace, service, **_RAW),
-        lambda: core.read_namespaced_service(name, namespace, **_RAW),
-        owner_uid=uid,
-    )
+    try:
+        _create_or_adopt(
+            request,
+            f"ConfigMap {namespace}/{name}",
+            lambda: core.create_namespaced_config_map(namespace, config_map, **_RAW),
+            lambda: core.read_namespaced_config_map(name, namespace, **_RAW),
+            owner_uid=uid,
+        )
+        _create_or_adopt(
+            request,
+            f"Service {namespace}/{name}",
+            lambda: core.create_namespaced_service(namespace, service, **_RAW),
+            lambda: core.read_namespaced_service(name, namespace, **_RAW),
+            owner_uid=uid,
+        )
+    except PermanentError:
+        # A refused launch leaves nothing running: the Job goes, and with it what it owns.
+        _delete(
+            f"Job {namespace}/{name}", batch.delete_namespaced_job, name, namespace, "Foreground"
+        )
+        raise
     return encode_ref(namespace, name)
 
 
@@ -121,7 +131,8 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     except NotFoundError:
         reason = f"the Job {ref} no longer exists (deleted outside zeropilot)"
         return BackendStatus(BackendState.LOST, native_state="NotFound", reason=reason)
-    pods = _pods_by_index(core, namespace, name)
+    every_pod = _job_pods(core, namespace, name)
+    pods = newest_by_index(every_pod)
     conditions = true_conditions(job)
     exit_codes = node_exit_codes(pods)
     if conditions.keys() & {"Complete", "SuccessCriteriaMet"}:
@@ -131,27 +142,31 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
         )
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed is not None:
-        status, culprit = failed_status(failed, pods, exit_codes)
+        status, culprit = failed_status(failed, pods, exit_codes, completions(job))
         status.log_tail = _log_tail(core, namespace, culprit)
         return status
     cannot_start = launch_error(pods)
-    if cannot_start is not None:
+    if cannot_start is None and pods_missing(job, pods):
+        cannot_start = failed_create(_job_events(core, job))
+    if cannot_start is not None and cannot_start.state == BackendState.FAILED:
         _delete_attempt(batch, core, namespace, name)  # else its pods hold their nodes for ever
         return cannot_start
     if job["metadata"].get("deletionTimestamp"):
         reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
         return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
-    return active_status(profile, job, pods)
+    return cannot_start or active_status(profile, job, pods, every_pod)
 
 
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     """Each node's log tail; with several nodes each under a ``==> pod <==`` header."""
     namespace, name = decode_ref(ref)
     _batch, core = _apis(profile)
-    pods = _pods_by_index(core, namespace, name)
+    pods = newest_by_index(_job_pods(core, namespace, name))
     parts = []
     for index in sorted(pods):
-        text = _pod_log(core, namespace, pods[index], tail_lines)
+        text, unavailable = _pod_log(core, namespace, pods[index], tail_lines)
+        if unavailable:  # one node's kubelet down must not hide the others' logs
+            text = f"(log unavailable: {unavailable})"
         header = [f"==> {pods[index]['metadata']['name']} <=="] if len(pods) > 1 else []
         parts.append("\n".join([*header, text.rstrip("\n")]))
     return "\n".join(parts)
@@ -215,6 +230,10 @@ def _call(what: str, request: Callable[[], Any]) -> Any:
     except ApiException as exc:
         raise _translated(what, exc) from exc
     except urllib3.exceptions.HTTPError as exc:
+        if isinstance(exc, urllib3.exceptions.SSLError) or isinstance(
+            getattr(exc, "reason", None), urllib3.exceptions.SSLError
+        ):  # a wrong CA or certificate: asking again gets the same answer
+            raise PermanentError(f"{what}: TLS with the Kubernetes API failed ({exc})") from exc
         raise TemporaryError(f"{what}: the Kubernetes API did not answer ({exc})") from exc
 
 
@@ -285,6 +304,9 @@ def _create_or_adopt(
         raise TemporaryError(f"{what} existed and then vanished; submit again") from exc
     if (existing["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) != request.name:
         raise PermanentError(f"{what} exists and was not created for attempt {request.name}")
+    if existing["metadata"].get("deletionTimestamp"):
+        # Cancelled a moment ago: adopting it would follow a Job that is about to vanish.
+        raise TemporaryError(f"{what} is being deleted; submit again once it is gone")
     owners = {ref.get("uid") for ref in existing["metadata"].get("ownerReferences") or []}
     if owner_uid is not None and owner_uid not in owners:
         # Left over from a Job of this name deleted since: the garbage collector removes it.
@@ -310,8 +332,8 @@ def _delete(what: str, delete: Any, name: str, namespace: str, propagation: str)
         )
 
 
-def _pods_by_index(core: Any, namespace: str, name: str) -> dict[int, Json]:
-    """The Job's newest pod per completion index."""
+def _job_pods(core: Any, namespace: str, name: str) -> list[Json]:
+    """Every pod of the Job, replaced ones included."""
     listed = _json(
         _call(
             f"list pods of Job {namespace}/{name}",
@@ -320,19 +342,37 @@ def _pods_by_index(core: Any, namespace: str, name: str) -> dict[int, Json]:
             ),
         )
     )
-    return newest_by_index(listed.get("items") or [])
+    return list(listed.get("items") or [])
+
+
+def _job_events(core: Any, job: Json) -> list[Json]:
+    """The events about this Job (not a namesake before it): the Job controller's FailedCreate
+    is the only place that says why it could not create a pod."""
+    metadata = job["metadata"]
+    selector = f"involvedObject.kind=Job,involvedObject.name={metadata['name']}"
+    listed = _json(
+        _call(
+            f"list events of Job {metadata['namespace']}/{metadata['name']}",
+            lambda: core.list_namespaced_event(
+                metadata["namespace"], field_selector=selector, **_RAW
+            ),
+        )
+    )
+    items = listed.get("items") or []
+    return [e for e in items if (e.get("involvedObject") or {}).get("uid") == metadata["uid"]]
 
 
 def _log_tail(core: Any, namespace: str, pod: Json | None) -> str:
-    """A pod's last lines: its log while the kubelet still has it, else its termination message."""
+    """A pod's last lines: its log while the kubelet has it and answers, else its termination
+    message (the status must never wait for a node's kubelet)."""
     if pod is None:
         return ""
-    return _pod_log(core, namespace, pod, POLL_TAIL_LINES) or str(
-        (terminated_state(pod) or {}).get("message") or ""
-    )
+    text, _unavailable = _pod_log(core, namespace, pod, POLL_TAIL_LINES)
+    return text or str((terminated_state(pod) or {}).get("message") or "")
 
 
-def _pod_log(core: Any, namespace: str, pod: Json, tail_lines: int) -> str:
+def _pod_log(core: Any, namespace: str, pod: Json, tail_lines: int) -> tuple[str, str]:
+    """The log tail, and why it could not be read when the node's kubelet did not answer."""
     name = pod["metadata"]["name"]
     try:
         response = _call(
@@ -342,5 +382,7 @@ def _pod_log(core: Any, namespace: str, pod: Json, tail_lines: int) -> str:
             ),
         )
     except PermanentError:  # the pod is gone, or its container has not started
-        return ""
-    return _body(response).decode(errors="replace")
+        return "", ""
+    except TemporaryError as exc:  # the API server answers 500 when the kubelet does not
+        return "", str(exc)
+    return _body(response).decode(errors="replace"), ""

@@ -34,6 +34,9 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "zeropilot"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_NAME_LABEL = "job-name"  # set on its pods by the Job controller (every version)
 NODE_RANK = "$(JOB_COMPLETION_INDEX)"  # set in each pod by the Job controller, Indexed Jobs only
+# The Job controller keeps a variable of this name that the pod already has: every rank would
+# get the user's value as its node rank.
+RESERVED_ENV = frozenset({"JOB_COMPLETION_INDEX"})
 
 # The Service name is a DNS-1035 label; each pod's hostname, "<name>-<index>", a DNS-1123 label.
 _OBJECT_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -172,6 +175,11 @@ def container_env(request: LaunchRequest) -> list[dict[str, str]]:
     }
     for variable in merged:
         _checked(_ENV_NAME, "environment variable name", variable, None)
+        if variable in RESERVED_ENV:
+            raise PermanentError(
+                f"environment variable {variable} is set by zeropilot on Kubernetes (each pod's "
+                "node rank); rename it in the job's env or the profile's nccl_env"
+            )
     return [{"name": key, "value": escape_dollars(value)} for key, value in sorted(merged.items())]
 
 

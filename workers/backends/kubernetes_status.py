@@ -29,8 +29,12 @@ LAUNCH_ERRORS = frozenset(
     }
 )
 POD_IN_MESSAGE = re.compile(r"\b[Pp]od [a-z0-9-]+/([a-z0-9.-]+)")
+# The Job controller's words when its DisruptionTarget rule fired; the pod itself is gone by then.
+DISRUPTION_IN_MESSAGE = re.compile(
+    r"\b[Pp]od [a-z0-9-]+/[a-z0-9.-]+ has condition DisruptionTarget"
+)
 SIGTERM_EXIT = 143  # how a rank ends when the Job controller stops the pods after a failure
-STARTED = frozenset({"Running", "Succeeded"})
+STARTED = frozenset({"Running", "Succeeded", "Failed"})
 
 
 def newest_by_index(pods: list[Json]) -> dict[int, Json]:
@@ -138,13 +142,31 @@ def launch_error(pods: dict[int, Json]) -> BackendStatus | None:
     return None
 
 
-def active_status(profile: ClusterProfile, job: Json, pods: dict[int, Json]) -> BackendStatus:
-    """RUNNING once every node's pod runs; else PENDING with what the first one waits for."""
-    nodes = int(job["spec"].get("completions") or 1)
+def completions(job: Json) -> int:
+    return int(job["spec"].get("completions") or 1)
+
+
+def pods_missing(job: Json, pods: dict[int, Json]) -> bool:
+    """Whether the Job controller should have created pods it has not (not while suspended)."""
+    return not job["spec"].get("suspend") and len(pods) < completions(job)
+
+
+def active_status(
+    profile: ClusterProfile, job: Json, pods: dict[int, Json], every_pod: list[Json]
+) -> BackendStatus:
+    """RUNNING once every node's pod has run; else PENDING with what the first one waits for.
+    A node whose pod ran counts as started while the Job controller reacts to its end (or
+    replaces it): the attempt does not drop back to PENDING."""
+    nodes = completions(job)
     if job["spec"].get("suspend"):
         where = f"waiting in queue {profile.queue}" if profile.queue else "the Job is suspended"
         return BackendStatus(BackendState.PENDING, native_state="Suspended", reason=where)
-    started = {i for i, p in pods.items() if p.get("status", {}).get("phase") in STARTED}
+    started = {
+        index
+        for pod in every_pod
+        if (index := completion_index(pod)) is not None
+        and (pod.get("status") or {}).get("phase") in STARTED
+    }
     if len(started) >= nodes:
         return BackendStatus(BackendState.RUNNING, native_state="Running")
     for index in range(nodes):
@@ -181,7 +203,7 @@ def pending_reason(pod: Json) -> tuple[str, str]:
 
 
 def failed_status(
-    failed: Json, pods: dict[int, Json], exit_codes: dict[int, int]
+    failed: Json, pods: dict[int, Json], exit_codes: dict[int, int], nodes: int
 ) -> tuple[BackendStatus, Json | None]:
     """Why the Job failed, most specific first: its deadline, a disruption, an OOM kill; and the
     pod whose log tells more (the caller reads it)."""
@@ -205,6 +227,8 @@ def failed_status(
             f"pod {disrupted['metadata']['name']} disrupted: "
             f"{condition.get('reason', '')}: {condition.get('message', '')}"
         )
+    elif DISRUPTION_IN_MESSAGE.search(str(failed.get("message") or "")):
+        native_state = "DisruptionTarget"  # preempted, evicted or its node lost; pod gone
     else:
         native_state = str(terminated.get("reason") or pod_reason(culprit) or job_reason)
     if culprit is not None and terminated:
@@ -212,6 +236,9 @@ def failed_status(
             f"pod {culprit['metadata']['name']} (node {completion_index(culprit)}) exited "
             f"{terminated.get('exitCode')} ({terminated.get('reason', '')})"
         )
+    gone = [str(i) for i in range(nodes) if i not in exit_codes]
+    if gone:  # the controller deletes the other pods of a failed Job, and their exit codes
+        words.append(f"node {', '.join(gone)}: pod stopped and deleted, exit code not kept")
     exit_code = terminated.get("exitCode")
     status = BackendStatus(
         BackendState.FAILED,

@@ -1,0 +1,77 @@
+"""The Job controller's ``FailedCreate`` events: why a Job has fewer pods than nodes.
+
+When the API server refuses a pod the Job controller tries to create (a quota, a pod-level
+validation rule that a Job's template does not meet, an admission policy), the only record is
+an event on the Job. A refusal that no wait can cure (the pod is invalid, forbidden, or asks for
+more of a resource than the quota's hard limit) fails the attempt; a quota that other jobs fill
+today leaves it PENDING with the quota's words. Pure: the caller lists the events.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from workers.backends.base import BackendState, BackendStatus
+
+Json = dict[str, Any]
+FAILED_CREATE = "FailedCreate"
+_QUOTA = re.compile(
+    r"exceeded quota: [^,]+, requested: (?P<requested>.+?), used: .+?, limited: (?P<limited>[^\s]+)"
+)
+_SUFFIXES: dict[str, Decimal | int] = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
+    "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
+_PERMANENT = ("is invalid", "is forbidden")
+
+
+def failed_create(events: list[Json]) -> BackendStatus | None:
+    """The newest FailedCreate event as a status: FAILED when permanent, else PENDING."""
+    refusals = [e for e in events if e.get("reason") == FAILED_CREATE]
+    if not refusals:
+        return None
+    newest = max(refusals, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    message = str(newest.get("message") or "")
+    if _QUOTA.search(message):
+        permanent = quota_never_fits(message)
+        why = "more than the quota's hard limit" if permanent else "waiting for quota"
+    else:
+        permanent = any(word in message for word in _PERMANENT)
+        why = "the API server refused the pod" if permanent else "retrying"
+    state = BackendState.FAILED if permanent else BackendState.PENDING
+    done = "; zeropilot deleted the Job" if permanent else ""
+    reason = f"the Job controller cannot create a pod ({why}): {message}{done}"
+    return BackendStatus(state, native_state=FAILED_CREATE, reason=reason)
+
+
+def quota_never_fits(message: str) -> bool:
+    """Whether one pod asks for more of a resource than the quota allows in all."""
+    found = _QUOTA.search(message)
+    if found is None:
+        return False
+    requested, limited = _amounts(found["requested"]), _amounts(found["limited"])
+    return any(amount > limited[name] for name, amount in requested.items() if name in limited)
+
+
+def _amounts(text: str) -> dict[str, Decimal]:
+    """``requests.nvidia.com/gpu=8,requests.memory=512Gi`` as numbers."""
+    amounts = {}
+    for pair in text.split(","):
+        name, _, value = pair.strip().partition("=")
+        if (number := quantity(value)) is not None:
+            amounts[name] = number
+    return amounts
+
+
+def quantity(text: str) -> Decimal | None:
+    """A Kubernetes quantity (``8``, ``512Gi``, ``500m``, ``1e3``) as a number."""
+    match = re.fullmatch(r"([0-9.eE+-]+?)([KMGTPE]i|[numkMGTPE])?", text.strip())
+    if match is None:
+        return None
+    try:
+        return Decimal(match[1]) * Decimal(_SUFFIXES.get(match[2] or "", 1))
+    except InvalidOperation:
+        return None
