@@ -25,6 +25,7 @@ from service.settings import Settings
 from service.tasks import LAUNCH_ATTEMPT, send_task
 from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
+from workers.disruption import retry_after_disruption
 from workers.escalate import escalate
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,8 @@ def _mark_failed(
     )
     if not moved:
         return None
+    if retry := retry_after_disruption(session, job, attempt, failure, status, summary):
+        return retry  # a node taken away: the same plan again, not counted against the user
     spec = JobSpec.model_validate(job.spec)
     profile = settings.cluster_profiles()[job.cluster]
     if failure.out_of_memory and spec.escalation.enabled:

@@ -850,6 +850,37 @@ def test_the_worker_records_a_quota_rejection_as_a_launch_error(
     assert "exceeded quota: team-ml" in (attempt.failure_message or "")
 
 
+def test_an_evicted_node_relaunches_the_same_plan(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    launch_attempt(settings, attempt_id)
+    _job, attempt = load(settings, job_id, attempt_id)
+    _first, second = started(kubelet, ns, name=attempt.backend_name)
+    reconcile_attempt(settings, attempt_id)
+
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": second}}
+    assert api.post(f"/api/v1/namespaces/{ns}/pods/{second}/eviction", json=eviction).is_success
+    job_condition(api, ns, "Failed", attempt.backend_name)
+    reconcile_attempt(settings, attempt_id)
+    job, evicted = load(settings, job_id, attempt_id)
+
+    assert (evicted.status, evicted.failure_class) == (AttemptStatus.FAILED, FailureClass.NODE_LOST)
+    assert (job.status, job.current_attempt) == (JobStatus.QUEUED, 2)
+    with Session(get_engine(settings.database_url)) as session:
+        retry = job_store.current_attempt(session, job)
+        assert retry is not None
+        assert (retry.plan, retry.rung) == (
+            evicted.plan,
+            "retry after a disruption (DisruptionTarget)",
+        )
+        retry_id = retry.id
+    launch_attempt(settings, retry_id)
+    _job, relaunched = load(settings, job_id, retry_id)
+    assert kubelet.wait_for_pods(ns, relaunched.backend_name, 2)  # the real controller's pods
+
+
 def queued_kubernetes_job(
     plane: ControlPlane, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Settings, str, str]:
