@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from service.core.advisor import advise
+from service.core.advisor import NoPlanFits, advise
 from service.core.advisor.constants import CALIBRATION
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
 from service.core.advisor.memory import predict_memory
+from service.core.advisor.models import PHASE_WORDS
 from service.core.advisor.shape import resolve_shape
 from service.core.spec import JobSpec, ModelSpec
 from tests.unit.shapes import LLAMA_1B1, LLAMA_6B7, single_gpu
@@ -153,3 +154,16 @@ def test_gated_mlp_keeps_more_activations_than_a_plain_one() -> None:
     plain_peak = predict_memory(for_plain, unchecked).per_gpu.activations
 
     assert gated_peak > plain_peak
+
+
+def test_nothing_fits_on_the_gpu_names_where_the_closest_peaks() -> None:
+    spec = llama_job(LLAMA_6B7, sequence_length=4096, global_batch_size=8)
+    tiny_gpu = single_gpu(4).model_copy(update={"cpu_memory_gib": 4096})
+
+    with pytest.raises(NoPlanFits) as raised:
+        advise(spec, tiny_gpu)
+
+    message = str(raised.value)
+    assert message.startswith("no configuration fits the per-GPU budget of 3.60 GiB")
+    assert raised.value.closest.peak_phase is not None
+    assert f"(peak {PHASE_WORDS[raised.value.closest.peak_phase]})" in message

@@ -135,7 +135,7 @@ def general_warnings(spec: JobSpec, work: Workload) -> list[str]:
         warnings.append(
             f"model shape inferred from the parameter count: hidden {shape.hidden}, "
             f"{shape.layers} layers, {shape.heads} heads, vocabulary {shape.vocab}; give the "
-            "shape for better activation estimates"
+            "shape or model.hf_config for better activation estimates"
         )
     if work.on_cpu and spec.zero.offload in (Offload.OPTIMIZER, Offload.ALL):
         warnings.append(

@@ -102,8 +102,10 @@ class NoPlanFits(Exception):
         self.over_by_bytes = over_by_bytes
         self.budget_bytes = budget_bytes
         needs = closest.per_gpu_bytes.total if where == "per-GPU" else closest.cpu_bytes_per_node
+        phase = closest.peak_phase
+        at_peak = f" (peak {PHASE_WORDS[phase]})" if phase and where == "per-GPU" else ""
         super().__init__(
             f"no configuration fits the {where} budget of {format_bytes(budget_bytes)}; the "
-            f"closest, {closest.label()}, needs {format_bytes(needs)}, "
+            f"closest, {closest.label()}, needs {format_bytes(needs)}{at_peak}, "
             f"over by {format_bytes(over_by_bytes)} ({over_by_bytes} bytes)"
         )
