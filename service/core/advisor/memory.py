@@ -223,10 +223,11 @@ def gathered_bytes(work: Workload, layout: Layout) -> int:
     knobs, shape = layout.knobs, work.shape
     in_flight = 2 * shape.largest_module_params + knobs.prefetch_bucket_size
     limit = knobs.max_live_parameters + shape.largest_module_params
-    if layout.offload_param and not work.on_cpu:
-        # fetched from the host, parameters stay while reused within stage3_max_reuse_distance
-        # (checkpointing's recompute reuses every block's) up to stage3_max_live_parameters:
-        # the one H200 run with parameter offload holds that much more at the start of backward
+    if not work.on_cpu and (work.world_size > 1 or layout.offload_param):
+        # gathered parameters stay while reused within stage3_max_reuse_distance (backward and
+        # checkpointing's recompute reuse every block's) up to stage3_max_live_parameters: the
+        # H200 run with parameter offload holds that much more at the start of backward (one
+        # GPU without parameter offload gathers nothing: its partition is the whole tensor)
         in_flight = limit
     return work.weight_bytes * min(in_flight, limit, shape.parameters)
 
