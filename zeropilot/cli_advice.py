@@ -28,7 +28,7 @@ from service.core.spec import JobSpec
 from zeropilot.cli_common import JsonOpt, console, err, fail, print_json, read_mapping
 
 GIB = 1024**3
-TABLE_WIDTH = 140  # the candidate table needs it; narrower terminals wrap rather than truncate
+TABLE_WIDTH = 150  # the candidate table needs it; narrower terminals wrap rather than truncate
 
 PROFILES_ENV = "ZEROPILOT_CLUSTERS__PROFILES_FILE"
 GpuMemoryOpt = Annotated[
@@ -202,6 +202,7 @@ def _print_advice(advice: Advice, profile: ClusterProfile) -> None:
         "temps",
         "overhead",
         "total",
+        "peak",
         "fits",
         "cost",
     ):
@@ -231,6 +232,7 @@ def _row(candidate: Candidate, chosen: bool, scale: int) -> list[str]:
     return [
         marker + candidate.label(),
         *(f"{n / scale:.2f}" for n in sizes),
+        candidate.peak_phase or "",  # forward / backward / step: where the peak is
         "yes" if candidate.fits else "no",
         f"{candidate.relative_cost:.2f}",
     ]
