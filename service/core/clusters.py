@@ -54,6 +54,9 @@ class ClusterProfile(BaseModel):
     # Kubernetes
     namespace: str | None = None
     queue: str | None = None  # Kueue LocalQueue name
+    # Without a queue: a Job whose placed pods hold GPUs while another pod cannot be placed for
+    # this long is suspended (its GPUs freed) and retried as long after; None: never.
+    gang_timeout_s: int | None = Field(default=600, gt=0)
     scheduler_name: str | None = None  # e.g. "volcano"
     # How to reach the API server. Both None: the pod's service account when zeropilot runs in
     # a pod, else $KUBECONFIG or ~/.kube/config; kube_context None: the current context.

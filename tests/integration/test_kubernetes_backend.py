@@ -465,6 +465,35 @@ def test_pods_the_scheduler_cannot_place_are_pending_with_its_reason(
     assert "0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in status.reason
 
 
+def test_a_gang_that_cannot_all_be_placed_frees_its_gpus_and_tries_again(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path
+) -> None:
+    profile = k8s_profile(plane.kubeconfig, namespace=ns, gang_timeout_s=2)
+    # Three nodes of 8 GPUs on a cluster of two: the scheduler binds two pods, one waits.
+    ref = kubernetes.submit(launch_request(tmp_path, profile, nodes=3))
+    kubelet.wait_for_pods(ns, NAME, 3, scheduled=2)
+    waiting = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "Unschedulable" and s
+    )
+
+    suspended = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "GangTimeout" and s
+    )
+    assert read(api, ns, "jobs", NAME)["spec"]["suspend"] is True
+    wait_until(lambda: names(api, ns, "pods") == [])  # the Job controller freed their GPUs
+    retried = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "GangRetry" and s, timeout_s=10
+    )
+    kubelet.wait_for_pods(ns, NAME, 3, scheduled=2)  # the scheduler tries the whole gang again
+
+    assert "0 of 3 pods running" in waiting.reason  # two bound, none started yet
+    assert "0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in waiting.reason
+    assert suspended.state == BackendState.PENDING
+    assert "2 of 3 pods held GPUs for 2 s while another could not be placed" in suspended.reason
+    assert retried.state == BackendState.PENDING
+    assert not read(api, ns, "jobs", NAME)["spec"]["suspend"]
+
+
 def test_a_job_waiting_in_its_kueue_queue_is_pending_until_admitted(
     api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,13 @@ from workers.backends.base import (
     TemporaryError,
 )
 from workers.backends.kubernetes_events import failed_create
+from workers.backends.kubernetes_gang import (
+    format_time,
+    held_while_waiting,
+    resumption,
+    retry_at,
+    suspension,
+)
 from workers.backends.kubernetes_render import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -154,7 +162,51 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     if job["metadata"].get("deletionTimestamp"):
         reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
         return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
-    return cannot_start or active_status(profile, job, pods, every_pod)
+    return (
+        cannot_start
+        or _gang_step(batch, profile, job, pods)
+        or active_status(profile, job, pods, every_pod)
+    )
+
+
+def _gang_step(
+    batch: Any, profile: ClusterProfile, job: Json, pods: dict[int, Json]
+) -> BackendStatus | None:
+    """Suspend a Job whose pods hold GPUs while one cannot be placed; resume it when due."""
+    timeout_s = profile.gang_timeout_s
+    if profile.queue is not None or timeout_s is None:
+        return None  # Kueue admits whole Jobs; or the profile lets the scheduler wait
+    now = datetime.now(UTC)
+    nodes = completions(job)
+    due = retry_at(job)
+    if due is not None and now < due:
+        reason = (
+            f"suspended: not all {nodes} pods could be placed within {timeout_s} s, so none "
+            f"hold GPUs; zeropilot tries again at {format_time(due)}"
+        )
+        return BackendStatus(BackendState.PENDING, native_state="GangTimeout", reason=reason)
+    if due is not None:
+        _patch_job(batch, job, resumption())
+        reason = f"trying again to place all {nodes} pods (after a gang timeout)"
+        return BackendStatus(BackendState.PENDING, native_state="GangRetry", reason=reason)
+    held = held_while_waiting(pods)
+    if held is None or (now - held[0]).total_seconds() < timeout_s:
+        return None
+    _patch_job(batch, job, suspension(timeout_s, now))
+    reason = (
+        f"{held[1]} of {nodes} pods held GPUs for {timeout_s} s while another could not be "
+        f"placed ({held[2]}); zeropilot suspended the Job to free them and tries again in "
+        f"{timeout_s} s"
+    )
+    return BackendStatus(BackendState.PENDING, native_state="GangTimeout", reason=reason)
+
+
+def _patch_job(batch: Any, job: Json, patch: Json) -> None:
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    _call(
+        f"patch Job {namespace}/{name}",
+        lambda: batch.patch_namespaced_job(name, namespace, patch, **_RAW),
+    )
 
 
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:

@@ -169,17 +169,17 @@ def active_status(
     }
     if len(started) >= nodes:
         return BackendStatus(BackendState.RUNNING, native_state="Running")
-    for index in range(nodes):
-        if index in started:
-            continue
-        pod = pods.get(index)
-        if pod is None:
-            reason = f"node {index}: the Job controller has not created its pod yet"
-            return BackendStatus(BackendState.PENDING, native_state="Pending", reason=reason)
-        native_state, why = pending_reason(pod)
-        reason = f"{len(started)} of {nodes} pods running; pod {pod['metadata']['name']}: {why}"
-        return BackendStatus(BackendState.PENDING, native_state=native_state, reason=reason)
-    return BackendStatus(BackendState.PENDING, native_state="Pending")
+    waiting = [i for i in range(nodes) if i not in started]
+    missing = next((i for i in waiting if i not in pods), None)
+    if missing is not None:
+        reason = f"node {missing}: the Job controller has not created its pod yet"
+        return BackendStatus(BackendState.PENDING, native_state="Pending", reason=reason)
+    # The scheduler's words say most: show an unplaced pod before one that is merely starting.
+    reasons = [(pending_reason(pods[i]), pods[i]) for i in waiting]
+    reasons.sort(key=lambda item: item[0][0] != "Unschedulable")
+    (native_state, why), pod = reasons[0]
+    reason = f"{len(started)} of {nodes} pods running; pod {pod['metadata']['name']}: {why}"
+    return BackendStatus(BackendState.PENDING, native_state=native_state, reason=reason)
 
 
 def pending_reason(pod: Json) -> tuple[str, str]:
