@@ -103,6 +103,8 @@ def test_console_submits_the_example_and_plots_what_the_api_recorded(
     with page.expect_download() as download:
         page.click("#download-ds-config")
     assert json.loads(Path(download.value.path()).read_text()) == advice["plan"]["ds_config"]
+    _advisor_reads_a_hugging_face_config(page, http)
+    page.screenshot(path=artifacts / "advisor-hf-config.png", full_page=True)
 
     page.click("a[data-nav=teams]")
     expect(page.locator("#teams tr[data-team=vision]")).to_contain_text("0 / 2")
@@ -155,3 +157,28 @@ def _advisor(page: Page, http: httpx.Client) -> dict[str, Any]:
     expect(page.locator(".stage")).to_have_count(len(stages))
     expect(page.locator(".candidate.chosen")).to_have_count(1)
     return advice
+
+
+def _advisor_reads_a_hugging_face_config(page: Page, http: httpx.Client) -> None:
+    """A small Llama's config.json uploaded on the advisor page becomes the spec's model."""
+    llama = json.loads((REPO / "examples" / "llama-7b" / "config.json").read_text())
+    small = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512}
+    config = {**llama, **small, "num_attention_heads": 4, "num_key_value_heads": 4}
+    spec = {**yaml.safe_load(example_yaml()), "model": {"hf_config": config}}
+    plan = http.post("/v1/advice", json=spec).json()["plan"]
+    with page.expect_response(lambda response: response.url.endswith("/v1/advice")) as asked:
+        page.set_input_files(
+            "#hf-config",
+            files=[
+                {
+                    "name": "config.json",
+                    "mimeType": "application/json",
+                    "buffer": json.dumps(config).encode(),
+                }
+            ],
+        )
+    assert asked.value.json()["plan"] == plan  # the page asked with the uploaded config
+    expect(page.locator("#advice-spec")).to_have_value(re.compile('"hf_config"'))
+    label = page.locator("#advice-plan h2")
+    expect(label).to_contain_text(f"mb={plan['micro_batch_size']}\u00d7")
+    expect(label).to_contain_text(f"ZeRO-{plan['zero_stage']} ")

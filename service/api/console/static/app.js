@@ -441,6 +441,16 @@ async function advisorView() {
     "training: {sequence_length: 2048, global_batch_size: 64, precision: bf16}\n" +
     `resources: {cluster: ${cluster.name}, nodes: 1, gpus_per_node: ${cluster.gpus_per_node}}\n`);
   const file = el("input", { type: "file", accept: ".yaml,.yml,.json", onchange: async () => { if (file.files[0]) spec.value = await file.files[0].text(); } });
+  // A Hugging Face config.json replaces the spec's model (the spec's model.hf_config).
+  const hf = el("input", { type: "file", id: "hf-config", accept: ".json", onchange: async () => {
+    if (!hf.files[0]) return;
+    try {
+      const body = await api("/console/api/spec", { method: "POST", text: spec.value });
+      body.model = { hf_config: JSON.parse(await hf.files[0].text()) };
+      spec.value = `${JSON.stringify(body, null, 2)}\n`;
+      await run();
+    } catch (e) { fill(out, el("p", { class: "error" }, e.message)); }
+  } });
   const out = el("div", { id: "advice" });
   const run = async () => {
     fill(out, el("p", { class: "muted" }, "Asking the advisor…"));
@@ -454,7 +464,8 @@ async function advisorView() {
   };
   show(el("div", { class: "card" }, el("h1", {}, "Advisor"),
     el("p", { class: "muted" }, "Paste or upload a job spec (YAML or JSON; the model, training and resources parts are enough). Nothing is submitted."),
-    spec, el("div", { class: "row" }, el("button", { id: "advise", onclick: run }, "Advise"), file)), out);
+    spec, el("div", { class: "row" }, el("button", { id: "advise", onclick: run }, "Advise"),
+      el("label", { class: "small" }, "spec file ", file), el("label", { class: "small" }, "or a Hugging Face config.json ", hf))), out);
   await run();
 }
 function adviceView(advice, budget) {
