@@ -313,6 +313,8 @@ def offloaded_bytes_per_rank(work: Workload, layout: Layout) -> int:
         host += _pinned(staging, work, layout)
     if layout.offload_param:
         host += _pinned(work.weight_bytes * numel, work, layout)
+    if layout.stage == 3 and not work.on_cpu:  # the 16-bit gradient partition (stage3.py)
+        host += _pinned(work.weight_bytes * numel, work, layout)
     return host
 
 
