@@ -14,6 +14,10 @@ python -m pip install --quiet --no-deps -e . 2>&1 | grep -v "^WARNING: Location"
 
 scripts/services.sh
 ZEROPILOT_HELM=$(scripts/tools.sh helm); export ZEROPILOT_HELM  # the chart tests need it
+# A real Kubernetes control plane (etcd, API server, controller manager, scheduler), found the
+# way envtest finds it; and Debian's Chromium for the console's browser tests.
+KUBEBUILDER_ASSETS=${KUBEBUILDER_ASSETS:-$(scripts/kube-binaries.sh)}; export KUBEBUILDER_ASSETS
+scripts/browser.sh
 
 echo "== static checks"
 ruff check .
