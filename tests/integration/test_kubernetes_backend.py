@@ -34,7 +34,7 @@ from service.db.models import Attempt, Job
 from service.db.session import get_engine
 from service.db.users import create_user, user_by_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
-from tests.integration.helpers import tiny_spec
+from tests.integration.helpers import REPO, tiny_spec
 from tests.integration.k8s_control_plane import ControlPlane, write_kubeconfig
 from tests.integration.k8s_kubelet import FakeKubelet, kubelet_view, socket_closed_port
 from tests.integration.k8s_loopback import ApiError, loopback_api_server
@@ -829,6 +829,48 @@ def test_logs_of_a_single_node_job_have_no_header(
     kubelet.set_log(ns, pod, "one\ntwo\nthree\n")
 
     assert kubernetes.logs(profile, ref, tail_lines=2) == "two\nthree"
+
+
+# ---- with the rights the deployment grants, under the real RBAC authorizer ----
+
+
+def test_the_deployments_role_grants_everything_a_launch_uses(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path
+) -> None:
+    manifests = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "zeropilot.yaml").read_text())
+    role = next(m for m in manifests if m and m["kind"] == "Role")
+    base = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    role_body = {"metadata": {"name": "zeropilot-launcher"}, "rules": role["rules"]}
+    assert api.post(f"{base}/roles", json=role_body).is_success
+    account = {"metadata": {"name": "zeropilot-worker"}}
+    assert api.post(f"/api/v1/namespaces/{ns}/serviceaccounts", json=account).is_success
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role"}
+    binding = {
+        "metadata": {"name": "zeropilot-worker-launches"},
+        "roleRef": {**role_ref, "name": "zeropilot-launcher"},
+        "subjects": [{"kind": "ServiceAccount", "name": "zeropilot-worker", "namespace": ns}],
+    }
+    assert api.post(f"{base}/rolebindings", json=binding).is_success
+    issued = api.post(
+        f"/api/v1/namespaces/{ns}/serviceaccounts/zeropilot-worker/token",
+        json={"spec": {"expirationSeconds": 3600}},
+    )
+    token = issued.json()["status"]["token"]
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", plane.url, plane.certs / "ca.crt", token)
+    profile = k8s_profile(kubeconfig, namespace=ns)
+
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    pods = started(kubelet, ns)
+    kubelet.set_log(ns, pods[0], "step 1 loss 4.2\n")
+    running = poll_until(profile, ref, BackendState.RUNNING)
+    text = kubernetes.logs(profile, ref)
+    kubernetes.cancel(profile, ref)
+
+    assert running.state == BackendState.RUNNING
+    assert "step 1 loss 4.2" in text
+    wait_until(lambda: everything(api, ns) == [[]] * 4)
+    with pytest.raises(PermanentError, match="forbidden"):  # and nothing beyond its namespace
+        kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig, namespace="default")))
 
 
 # ---- the worker's launch and reconcile on a Kubernetes cluster profile ----

@@ -192,11 +192,17 @@ def _gang_step(
     held = held_while_waiting(pods)
     if held is None or (now - held[0]).total_seconds() < timeout_s:
         return None
-    _patch_job(batch, job, suspension(timeout_s, now))
-    reason = (
+    held_for = (
         f"{held[1]} of {nodes} pods held GPUs for {timeout_s} s while another could not be "
-        f"placed ({held[2]}); zeropilot suspended the Job to free them and tries again in "
-        f"{timeout_s} s"
+        f"placed ({held[2]})"
+    )
+    try:
+        _patch_job(batch, job, suspension(timeout_s, now))
+    except PermanentError as exc:  # e.g. a Role without "patch" on jobs: say so, keep waiting
+        reason = f"{held_for}; zeropilot could not suspend the Job: {exc}"
+        return BackendStatus(BackendState.PENDING, native_state="Unschedulable", reason=reason)
+    reason = (
+        f"{held_for}; zeropilot suspended the Job to free them and tries again in {timeout_s} s"
     )
     return BackendStatus(BackendState.PENDING, native_state="GangTimeout", reason=reason)
 
