@@ -40,24 +40,23 @@ class Step:
 class GpuActivations:
     """Saved tensors on a CUDA device (bf16/fp16 elements unless said), per token."""
 
-    per_hidden: float = (
-        10.0  # code + H200: q, attention out, o_proj/qkv/MLP inputs, 2 fp32 RMSNorms
-    )
+    # code + H200 (10.0 and 9.8 fitted): q, attention out, o_proj/qkv/MLP inputs, 2 RMSNorms
+    per_hidden: float = 10.0
     per_kv: float = 2.0  # code (SDPA saves k and v): H200 runs llama-134m vs llama-1.1b (GQA)
     gated_per_ffn: float = 4.0  # code (LlamaMLP): gate, SiLU(gate), up, their product
     plain_per_ffn: float = 2.0  # code (GELU MLP): up and GELU(up); not GPU-measured
     eager_scores_per_head_token: float = 3.0  # code: fp32 softmax and its 16-bit copy, s x s
     loss_bytes_per_vocab: float = 12.0  # code (ForCausalLMLoss): 3 fp32 logits in its backward
-    outer_bytes_per_hidden: float = (
-        18.9  # H200 llama-134m Z1/Z3 +ckpt mb=4 s=2048: final norm, head input
-    )
+    # H200 llama-134m Z1/Z3 +ckpt mb=4 s=2048: the final norm and the head's input
+    outer_bytes_per_hidden: float = 18.9
 
 
 @dataclass(frozen=True)
 class GpuStep:
     """fp32 copies of the stepped elements the update makes on a CUDA device."""
 
-    torch_foreach_copies: float = 1.0  # torch adam.py _multi_tensor_adam: _foreach_sqrt; H200 Z1/Z2
+    # torch adam.py _multi_tensor_adam (_foreach_sqrt); H200 ZeRO-1/2: 22.06 bytes/parameter
+    torch_foreach_copies: float = 1.0
     fused_copies: float = 0.0  # DeepSpeed FusedAdam multi_tensor_apply updates in place
 
 
