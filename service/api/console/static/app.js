@@ -425,6 +425,7 @@ function ticks(lo, hi, count) {
 }
 function fmtTick(v) {
   const a = Math.abs(v);
+  if (a === 0) return "0";
   if (a >= 10000) return `${(v / 1000).toFixed(0)}k`;
   if (a >= 100) return v.toFixed(0);
   if (a >= 1) return v.toFixed(2);
