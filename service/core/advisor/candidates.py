@@ -9,6 +9,7 @@ or not, so that the escalation ladder can price steps outside the user's first c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import isqrt
 from typing import Any
 
 from service.core.advisor.constants import CALIBRATION, Calibration
@@ -42,11 +43,17 @@ def micro_batch_options(spec: JobSpec, work: Workload) -> list[int]:
         return [training.micro_batch_size]
     if training.gradient_accumulation_steps is not None:
         return [per_rank // training.gradient_accumulation_steps]
-    divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+    divisors = divisors_of(per_rank)
     if len(divisors) <= MAX_MICRO_OPTIONS:
         return divisors
     powers = [d for d in divisors if d & (d - 1) == 0]  # keep 1, 2, 4, ... and the whole batch
-    return sorted({*powers[-(MAX_MICRO_OPTIONS - 1) :], per_rank})
+    return sorted({*powers[: MAX_MICRO_OPTIONS - 1], per_rank})  # small ones decide fitting
+
+
+def divisors_of(n: int) -> list[int]:
+    """Every divisor of n, ascending, in O(sqrt(n)) steps (a batch can be large)."""
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def stage_options(spec: JobSpec) -> list[int]:
