@@ -952,6 +952,27 @@ def test_an_evicted_node_relaunches_the_same_plan(
     assert kubelet.wait_for_pods(ns, relaunched.backend_name, 2)  # the real controller's pods
 
 
+def test_the_worker_shows_why_the_controller_cannot_create_a_pod(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    quota(api, ns, {"requests.nvidia.com/gpu": "8"})  # one pod of two
+
+    launch_attempt(settings, attempt_id)
+    _job, attempt = load(settings, job_id, attempt_id)
+    kubelet.wait_for_pods(ns, attempt.backend_name, 1)
+
+    def recorded() -> Attempt | None:
+        reconcile_attempt(settings, attempt_id)
+        _job, seen = load(settings, job_id, attempt_id)
+        return seen if seen.native_state == "FailedCreate" else None
+
+    waiting = wait_until(recorded)  # what `zeropilot status --json` shows for the attempt
+    assert "exceeded quota: team-ml" in (waiting.failure_message or "")
+    assert load(settings, job_id, attempt_id)[0].status == JobStatus.LAUNCHING
+
+
 def queued_kubernetes_job(
     plane: ControlPlane, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Settings, str, str]:
