@@ -606,7 +606,7 @@ def test_a_node_the_controller_stopped_is_named_without_an_exit_code(
     status = poll_until(profile, ref, BackendState.FAILED)
 
     assert status.node_exit_codes == {1: 3}
-    assert "node 0: pod stopped and deleted, exit code not kept" in status.reason
+    assert "node 0: no exit code (stopped by the Job controller)" in status.reason
 
 
 def test_a_cuda_out_of_memory_in_the_log_is_gpu_out_of_memory(

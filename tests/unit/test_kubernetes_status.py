@@ -67,6 +67,16 @@ def test_a_pod_larger_than_the_whole_quota_fails_as_a_launch_error() -> None:
     assert status.failure_class() == FailureClass.LAUNCH_ERROR
 
 
+def test_a_namespace_without_its_service_account_yet_is_waited_for() -> None:
+    message = (
+        'Error creating: pods "zp-a1-0-abcde" is forbidden: error looking up service account '
+        't-1/default: serviceaccount "default" not found'
+    )
+    status = failed_create([event(message)])
+
+    assert status is not None and status.state == BackendState.PENDING
+
+
 def test_no_failed_create_event_says_nothing() -> None:
     assert failed_create([{"reason": "SuccessfulCreate", "message": "Created pod: x"}]) is None
 

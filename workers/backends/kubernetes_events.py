@@ -26,6 +26,8 @@ _SUFFIXES: dict[str, Decimal | int] = {
     "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
 }  # fmt: skip
 _PERMANENT = ("is invalid", "is forbidden")
+# Forbidden for now only: a namespace's default ServiceAccount appears a moment after it.
+_PASSING = ("error looking up service account",)
 
 
 def failed_create(events: list[Json]) -> BackendStatus | None:
@@ -39,7 +41,9 @@ def failed_create(events: list[Json]) -> BackendStatus | None:
         permanent = quota_never_fits(message)
         why = "more than the quota's hard limit" if permanent else "waiting for quota"
     else:
-        permanent = any(word in message for word in _PERMANENT)
+        permanent = any(w in message for w in _PERMANENT) and not any(
+            w in message for w in _PASSING
+        )
         why = "the API server refused the pod" if permanent else "retrying"
     state = BackendState.FAILED if permanent else BackendState.PENDING
     done = "; zeropilot deleted the Job" if permanent else ""

@@ -237,8 +237,8 @@ def failed_status(
             f"{terminated.get('exitCode')} ({terminated.get('reason', '')})"
         )
     gone = [str(i) for i in range(nodes) if i not in exit_codes]
-    if gone:  # the controller deletes the other pods of a failed Job, and their exit codes
-        words.append(f"node {', '.join(gone)}: pod stopped and deleted, exit code not kept")
+    if gone:  # the controller stops and deletes the other pods of a failed Job
+        words.append(f"node {', '.join(gone)}: no exit code (stopped by the Job controller)")
     exit_code = terminated.get("exitCode")
     status = BackendStatus(
         BackendState.FAILED,
