@@ -1,4 +1,8 @@
-"""A loopback stand-in for the Kubernetes API server, for testing the Kubernetes backend.
+"""A loopback stand-in for the Kubernetes API server, for what the real one cannot show here.
+
+The backend's tests run against a real control plane (``k8s_control_plane.py``); this stand-in
+remains for answers that control plane cannot give on demand: an admission webhook's denial,
+429 and 500 to a create.
 
 What it is: a real HTTP server on 127.0.0.1 (a random port, a thread) that the official
 ``kubernetes`` client reaches through a kubeconfig file, exactly as it would reach a cluster. It
