@@ -51,16 +51,19 @@ unpack() {
   WORK_DIR=""
 }
 
+apt_install() {
+  ((EUID == 0)) || fail "$1 is missing: apt-get install -y $2 (as root)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2"; } >&2 ||
+    fail "apt-get install $2 failed"
+}
+
 install_etcd() {
-  if ! command -v etcd >/dev/null; then
-    ((EUID == 0)) || fail "etcd is missing: apt-get install -y etcd-server (as root)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; } >&2 ||
-      fail "apt-get install etcd-server failed"
-  fi
+  command -v etcd >/dev/null || apt_install etcd etcd-server
   # envtest looks for etcd beside kube-apiserver in KUBEBUILDER_ASSETS.
   ln -sf "$(command -v etcd)" "$TARGET/etcd"
 }
 
+command -v xz >/dev/null || apt_install xz xz-utils
 mkdir -p "$TARGET"
 for name in "${!SHA256[@]}"; do unpack "$name"; done
 install_etcd
