@@ -2,16 +2,22 @@
 
 It migrates the database, creates the first admin (printing its token once and saving it for
 the CLI), then runs a Celery worker with the reconcile scheduler in a child process and the API
-in this one. Ctrl-C stops both.
+in this one. The worker is supervised: when it dies (a SIGKILL, the OOM killer) its whole
+process group goes too, its embedded beat included, and a new one starts. Ctrl-C stops both, and
+the worker dies with this process however this process ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -48,7 +54,7 @@ def run_embedded(host: str | None, port: int | None) -> None:
         )
         console.print(f"  {token}", highlight=False)
         console.print(f"  saved for the CLI in {path}", highlight=False)
-    worker = _start_worker(settings.data_dir)
+    worker = WorkerSupervisor(settings.data_dir)
     console.print(
         f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
         highlight=False,
@@ -67,11 +73,7 @@ def run_embedded(host: str | None, port: int | None) -> None:
             log_level="warning",
         )
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        worker.stop()
 
 
 def _share_metrics(folder: Path) -> None:
@@ -107,10 +109,71 @@ def worker_argv(schedule: str, *extra: str) -> list[str]:
     ]
 
 
-def _start_worker(data_dir: os.PathLike[str]) -> subprocess.Popen[bytes]:
-    log = open(os.path.join(data_dir, "worker.log"), "ab")  # noqa: SIM115 (the child keeps it)
-    argv = worker_argv(os.path.join(data_dir, "celerybeat-schedule"))
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+RESTART_DELAYS_S = (1, 2, 5, 10, 30)  # a worker that keeps dying is restarted ever more slowly
+STABLE_AFTER_S = 60  # a worker that lived this long starts the delays again from the first
+
+
+class WorkerSupervisor:
+    """The Celery worker (with its embedded beat) in a process group of its own, restarted
+    when it dies; the whole group is ended on stop, or when it died, so no beat outlives it."""
+
+    def __init__(self, data_dir: os.PathLike[str], poll_s: float = 0.5) -> None:
+        self.data_dir = data_dir
+        self.poll_s = poll_s
+        self.restarts = 0
+        self._stopping, self._stopped = threading.Event(), threading.Event()
+        self.process = self._start()
+        self._watcher = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
+        self._watcher.start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        with open(os.path.join(self.data_dir, "worker.log"), "ab") as log:  # the child keeps it
+            return subprocess.Popen(
+                worker_argv(os.path.join(self.data_dir, "celerybeat-schedule")),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its beat child shares the group: killpg reaches it
+                preexec_fn=_die_with_parent,
+            )
+
+    def _watch(self) -> None:
+        failures, started = 0, time.monotonic()
+        while not self._stopping.wait(self.poll_s):
+            code = self.process.poll()
+            if code is None:
+                continue
+            _end_group(self.process.pid, signal.SIGKILL)  # its orphaned beat, if any
+            failures = 0 if time.monotonic() - started > STABLE_AFTER_S else failures + 1
+            delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1] if failures else 0
+            console.print(f"worker exited ({code}); restarting it in {delay} s", highlight=False)
+            if self._stopping.wait(delay):
+                break
+            self.process, started = self._start(), time.monotonic()
+            self.restarts += 1
+        # PR_SET_PDEATHSIG fires when the *thread* that started the worker ends: outlive stop().
+        self._stopped.wait()
+
+    def stop(self, grace_s: float = 20) -> None:
+        self._stopping.set()
+        _end_group(self.process.pid, signal.SIGTERM)  # a warm shutdown, the beat child too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace_s)
+        _end_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._stopped.set()
+        self._watcher.join()
+
+
+def _end_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # nobody left in it
+        os.killpg(pgid, sig)
+
+
+def _die_with_parent() -> None:
+    """In the worker child: SIGKILL when `zeropilot up` dies, even by SIGKILL."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _raise_interrupt(_signum: int, _frame: FrameType | None) -> None:

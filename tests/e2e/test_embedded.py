@@ -102,3 +102,56 @@ def test_up_creates_the_admin_once_and_trains_the_example(
         assert [job["status"] for job in listing["data"]] == ["SUCCEEDED"]
     finally:
         embedded.down(again)
+
+
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, command line) of every live process."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        if fields[0] != "Z":  # a zombie is dead, only not yet reaped
+            table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), cmdline)
+    return table
+
+
+def wait_for_worker(up: subprocess.Popen[bytes], not_pid: int = 0) -> tuple[int, set[int]]:
+    """The worker child of `zeropilot up` (not ``not_pid``) once its beat child has started:
+    its pid and the pids of its process group."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        table = process_table()
+        for pid, (parent, group, cmdline) in table.items():
+            if parent == up.pid and pid != not_pid and "celery" in cmdline:
+                members = {p for p, (_pp, g, _c) in table.items() if g == group}
+                if len(members) >= 2:  # the worker and its embedded beat
+                    return pid, members
+        time.sleep(0.5)
+    raise AssertionError("no worker with its beat under zeropilot up")
+
+
+def test_up_restarts_a_killed_worker_and_leaves_no_orphan(
+    embedded: Embedded, tmp_path: Path
+) -> None:
+    process = embedded.up()
+    try:
+        worker, group = wait_for_worker(process)
+
+        os.kill(worker, signal.SIGKILL)  # as the kernel's OOM killer would
+
+        restarted, new_group = wait_for_worker(process, not_pid=worker)
+        assert not group & set(process_table()), "the killed worker's beat outlived it"
+        assert "worker exited (-9); restarting" in embedded.output.read_text()
+        spec = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
+        spec["args"] = ["--steps", "2", "--checkpoint-interval", "2"]
+        spec["working_dir"] = str(REPO / "examples")
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+        result = embedded.cli("submit", str(tmp_path / "job.yaml"), "--wait")
+        assert result.returncode == 0, result.stdout + result.stderr  # the new worker works
+    finally:
+        embedded.down(process)
+    assert not new_group & set(process_table()), "a worker process outlived zeropilot up"
+    assert restarted not in process_table()
