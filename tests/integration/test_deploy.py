@@ -94,7 +94,7 @@ def test_kubernetes_worker_alone_may_launch_training_objects() -> None:
     assert {
         "apiGroups": ["batch"],
         "resources": ["jobs"],
-        "verbs": ["create", "get", "list", "watch", "delete"],
+        "verbs": ["create", "get", "list", "watch", "delete", "patch"],
     } in rules
     api = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "zeropilot-api")
     container = api["spec"]["template"]["spec"]["containers"][0]

@@ -871,6 +871,16 @@ def test_the_deployments_role_grants_everything_a_launch_uses(
     wait_until(lambda: everything(api, ns) == [[]] * 4)
     with pytest.raises(PermanentError, match="forbidden"):  # and nothing beyond its namespace
         kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig, namespace="default")))
+    review = {  # the gang timeout suspends a Job with a patch: the Role must allow it
+        "spec": {"resourceAttributes": {"namespace": ns, "verb": "patch", "group": "batch",
+                                        "resource": "jobs"}},
+    }  # fmt: skip
+    answer = api.post(
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        json=review,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert answer.json()["status"]["allowed"] is True, answer.text
 
 
 # ---- the worker's launch and reconcile on a Kubernetes cluster profile ----
