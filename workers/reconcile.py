@@ -228,11 +228,11 @@ def diagnose(attempt: Attempt, status: BackendStatus) -> Diagnosis:
 def _failure_summary(diagnosis: Diagnosis, status: BackendStatus) -> str:
     """The class, how the process ended, and the line that ended it."""
     head = f"{diagnosis.failure_class}"
-    if status.exit_code is not None:
-        head += f" (exit code {status.exit_code})"
-    elif status.native_state:
-        head += f" ({status.native_state})"
     line = diagnosis.line or status.reason
+    if "exit code" not in line:  # else the line already says how the process ended
+        ending = f"exit code {status.exit_code}" if status.exit_code is not None else ""
+        if ending or status.native_state:
+            head += f" ({ending or status.native_state})"
     return f"{head}: {line[:600]}" if line else head
 
 

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from zeropilot.cli_advice import advise_command, inline_hf_config, lint_command
+from zeropilot.cli_attempts import print_attempts
 from zeropilot.cli_common import (
     JsonOpt,
     api_client,
@@ -174,11 +175,7 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
     elif job["status"] == "PENDING" and job["message"]:
         console.print(job["message"], highlight=False)  # why admission holds it
     _print_plan(job["plan"], job["advice_reason"])
-    for attempt in job["attempts"]:
-        line = f"attempt {attempt['number']}: {attempt['status']} ({attempt['rung']})"
-        if attempt["failure_class"]:
-            line += f" {attempt['failure_class']} exit={attempt['exit_code']}"
-        console.print(line, highlight=False)
+    print_attempts(job)
     for event in job["events"][-8:]:
         stamp = event["created_at"][:19].replace("T", " ")
         console.print(

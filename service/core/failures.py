@@ -211,7 +211,7 @@ def diagnose_failure(
     lines = found.lines
     if exit_code is not None:
         numbers["exit_code"] = exit_code
-        signal_line = f"exit code {exit_code}: killed by SIGKILL"
+        signal_line = f"killed by SIGKILL (exit code {exit_code})"
         if exit_code in SIGKILL_EXIT_CODES and signal_line not in lines:
             lines = (*lines, signal_line)
     return Diagnosis(found.failure_class, found.source, lines, numbers)
@@ -263,7 +263,7 @@ def _by_log(text: str) -> Diagnosis | None:
 
 def _by_exit_code(exit_code: int | None, text: str) -> Diagnosis | None:
     if exit_code in SIGKILL_EXIT_CODES:
-        signal_line = f"exit code {exit_code}: killed by SIGKILL"
+        signal_line = f"killed by SIGKILL (exit code {exit_code})"
         if hint := _matching_line(_OOM_KILLER_HINT, text):
             return Diagnosis(FailureClass.OOM_HOST, "exit code", (hint, signal_line))
         launcher = _matching_line(_KILLED_RANK, text)  # which rank the launcher saw die

@@ -331,7 +331,7 @@ def test_std_bad_alloc_is_host_oom() -> None:
 def test_a_real_sigkill_of_a_rank_is_killed_with_the_launchers_line() -> None:
     found = diagnose(exit_code=247, log_tail=DEEPSPEED_SIGKILLED)
     assert found.failure_class == FailureClass.KILLED
-    assert found.lines[0] == "exit code 247: killed by SIGKILL"
+    assert found.lines[0] == "killed by SIGKILL (exit code 247)"
     assert found.lines[1].endswith("exits with return code = -9")
 
 
@@ -340,7 +340,7 @@ def test_every_sigkill_exit_code_with_oom_killer_words_is_host_oom(exit_code: in
     text = "Memory cgroup out of memory: Killed process 81231 (python3) total-vm:41223420kB"
     found = diagnose(exit_code=exit_code, log_tail=text)
     assert found.failure_class == FailureClass.OOM_HOST
-    assert found.lines == (text, f"exit code {exit_code}: killed by SIGKILL")
+    assert found.lines == (text, f"killed by SIGKILL (exit code {exit_code})")
 
 
 def test_a_cgroup_oom_kill_count_is_evidence_and_a_zero_count_is_not() -> None:
