@@ -67,6 +67,10 @@ def test_console_submits_the_example_and_plots_what_the_api_recorded(
     urls: list[str] = []
     page.on("request", lambda request: urls.append(request.url))
     page.on("dialog", lambda dialog: dialog.accept())  # "Cancel job ...?"
+    violations: list[str] = []
+    page.on(
+        "console", lambda m: violations.append(m.text) if "Content Security" in m.text else None
+    )
     http = httpx.Client(base_url=stack.url, headers=auth(token), timeout=30)
     _quota_of_two_gpus(stack.url, postgres_url)  # the example holds both while it trains
     stack.start_worker("w1")
@@ -111,6 +115,7 @@ def test_console_submits_the_example_and_plots_what_the_api_recorded(
     expect(page.locator("#queue")).to_contain_text("Nothing waits for admission.")
 
     assert urls and not [url for url in urls if token in url]  # the token never rides a URL
+    assert violations == []  # the page works under its own Content-Security-Policy
 
 
 def _quota_of_two_gpus(url: str, database_url: str) -> None:

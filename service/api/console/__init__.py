@@ -17,6 +17,11 @@ from fastapi.staticfiles import StaticFiles
 from service.api.console import data
 
 STATIC = Path(__file__).parent / "static"
+# The page holds a bearer token: only this server's own scripts may run, and nothing may frame it.
+POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 
 
 def mount(app: FastAPI) -> None:
@@ -27,7 +32,8 @@ def mount(app: FastAPI) -> None:
 
 
 def _page() -> FileResponse:
-    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", "Content-Security-Policy": POLICY}
+    return FileResponse(STATIC / "index.html", headers=headers)
 
 
 def _to_console() -> RedirectResponse:
