@@ -13,12 +13,13 @@ has committed, so a rolled-back or lost compare-and-set is never counted.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 from sqlmodel import col, select
@@ -103,6 +104,15 @@ RECONCILE_LAST_PASS = Gauge(
     "Unix time at which the last reconcile pass ended; lag is time() minus this.",
     multiprocess_mode="max",
 )
+
+
+def process_registry() -> CollectorRegistry:
+    """What this process serves: every process's values when they share a folder, else its own."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
 
 
 @dataclass(frozen=True)

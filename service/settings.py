@@ -45,6 +45,8 @@ class WorkerSettings(BaseModel):
     launch_lease_s: float = Field(default=30.0, gt=0)
     cancel_grace_s: float = Field(default=10.0, ge=0)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
+    # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     # Crash-safety testing: sleep at these points of a launch so a test can kill the worker there.
     fault_pause_before_submit_s: float = 0.0
     fault_pause_after_submit_s: float = 0.0

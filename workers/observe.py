@@ -9,9 +9,15 @@ import time
 from typing import Any
 
 from celery import signals
+from prometheus_client import start_http_server
 
 from service import logs
-from service.metrics import TASK_FAILURES, TASK_SECONDS, install_transition_metrics
+from service.metrics import (
+    TASK_FAILURES,
+    TASK_SECONDS,
+    install_transition_metrics,
+    process_registry,
+)
 from service.settings import Settings
 
 _started: dict[str, tuple[float, Any]] = {}  # task id -> start time, context tokens
@@ -22,6 +28,9 @@ def install(settings: Settings) -> None:
     signals.task_prerun.connect(_task_started, weak=False)
     signals.task_postrun.connect(_task_ended, weak=False)
     signals.task_failure.connect(_task_failed, weak=False)
+    if settings.workers.metrics_port is not None:
+        port = settings.workers.metrics_port
+        signals.worker_ready.connect(lambda **_: _serve_metrics(port), weak=False)
     if settings.log.format == "json":
         signals.after_setup_logger.connect(_json_handlers, weak=False)
         signals.after_setup_task_logger.connect(_json_handlers, weak=False)
@@ -47,6 +56,12 @@ def _task_ended(task_id: str, task: Any, **_: Any) -> None:
 
 def _task_failed(sender: Any = None, **_: Any) -> None:
     TASK_FAILURES.labels(getattr(sender, "name", "unknown")).inc()
+
+
+def _serve_metrics(port: int) -> None:
+    """Workers run where no API is (their own pods): they serve their metrics themselves."""
+    start_http_server(port, registry=process_registry())
+    logging.getLogger(__name__).info("serving Prometheus metrics on port %d", port)
 
 
 def _json_handlers(logger: logging.Logger, **_: Any) -> None:

@@ -14,7 +14,7 @@ from sqlmodel import Session
 from service.db.migrate import upgrade
 from service.db.session import get_engine
 from service.db.users import create_user
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, free_port
 from tests.integration.helpers import auth, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -102,3 +102,31 @@ def _json_lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
         if raw.startswith("{"):
             lines.append(json.loads(raw))
     return lines
+
+
+def test_a_worker_given_a_metrics_port_serves_its_own_metrics(
+    tmp_path: Path, postgres_url: str, redis_url: str
+) -> None:
+    """As in a worker pod, where no API runs: its reconcile passes are counted on its port."""
+    import time
+
+    upgrade(postgres_url)
+    stack = Stack(tmp_path / "data", postgres_url, redis_url)
+    port = free_port()
+    try:
+        stack.start_worker("w1", metrics_port=str(port))
+        deadline, passes = time.monotonic() + 90, 0.0
+        while time.monotonic() < deadline and passes < 2:
+            try:
+                scraped = samples(f"http://127.0.0.1:{port}")
+                passes = value(scraped, "zeropilot_reconcile_duration_seconds_count")
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        assert passes >= 2, stack.logs()
+        reconciles = value(
+            scraped, "zeropilot_worker_task_duration_seconds_count", task="zeropilot.reconcile"
+        )
+        assert reconciles >= 2
+    finally:
+        stack.stop()

@@ -8,12 +8,11 @@ reports the same. No bearer token, as scrapers expect; it carries counts and tea
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Response
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func
@@ -24,6 +23,7 @@ from service.core.states import JobStatus
 from service.db.admission import held
 from service.db.models import Job, Team
 from service.db.session import get_engine
+from service.metrics import process_registry
 
 router = APIRouter(tags=["operations"])
 
@@ -32,16 +32,8 @@ router = APIRouter(tags=["operations"])
 def metrics(settings: SettingsDep) -> Response:
     database = CollectorRegistry(auto_describe=False)
     database.register(DatabaseCollector(settings.database_url))
-    body = generate_latest(_process_registry()) + generate_latest(database)
+    body = generate_latest(process_registry()) + generate_latest(database)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-
-def _process_registry() -> CollectorRegistry:
-    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        return REGISTRY
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return registry
 
 
 class DatabaseCollector:
