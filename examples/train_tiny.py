@@ -12,6 +12,8 @@ import argparse
 import os
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import deepspeed
 import torch
@@ -80,16 +82,23 @@ def address_space_bytes() -> int:
     return int(kib) * 1024
 
 
-def cap_memory(growth_mib: int) -> None:
-    """Let this rank map at most ``growth_mib`` more than it has now (RLIMIT_AS), so that a plan
-    whose step needs more really runs out of host memory, as under a tighter machine.
+@contextmanager
+def memory_cap(growth_mib: int) -> Iterator[None]:
+    """Within the block, let this rank map at most ``growth_mib`` more than it has now
+    (RLIMIT_AS), so that a plan whose training step needs more really runs out of host memory,
+    as on a tighter machine. Checkpoint writes happen outside it: the cap is the step's.
 
     Run it with ``MALLOC_MMAP_THRESHOLD_=65536`` in the environment: glibc then maps every large
     tensor on its own and unmaps it when freed, so the address space follows live memory.
     """
+    if growth_mib <= 0:
+        yield
+        return
+    before = resource.getrlimit(resource.RLIMIT_AS)
     limit = address_space_bytes() + growth_mib * 1024**2
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    print(f"memory capped: address space limit {limit} bytes (+{growth_mib} MiB)", flush=True)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, before[1]))
+    yield  # a step that fails leaves the cap in place: the OOM guard reports it as evidence
+    resource.setrlimit(resource.RLIMIT_AS, before)
 
 
 def load_resume_point(engine: deepspeed.DeepSpeedEngine, resume: ResumePoint) -> int:
@@ -127,8 +136,8 @@ def parse_args() -> argparse.Namespace:
         "--memory-cap-mib",
         type=int,
         default=int(os.environ.get("TINY_MEMORY_CAP_MIB", "0")),
-        help="from --memory-cap-at-step on, each rank may map only this many MiB more than it "
-        "holds between steps (RLIMIT_AS); 0: no cap",
+        help="from --memory-cap-at-step on, each training step may map only this many MiB more "
+        "than the rank holds between steps (RLIMIT_AS); 0: no cap",
     )
     parser.add_argument(
         "--memory-cap-at-step",
@@ -172,24 +181,27 @@ def main() -> None:
     accumulation = engine.gradient_accumulation_steps()
     with reporter.oom_guard():
         for step in range(start_step + 1, args.steps + 1):
-            if args.memory_cap_mib and step == max(args.memory_cap_at_step, start_step + 1):
-                cap_memory(args.memory_cap_mib)
             began = time.perf_counter()
             loss_sum = 0.0
-            for _ in range(accumulation):
-                if step == args.oom_at_step or (
-                    step == args.oom_without_checkpointing_at_step
-                    and not args.activation_checkpointing
-                ):
-                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-                tokens = make_batch(micro, args.seq_len, args.vocab, generator).to(engine.device)
-                logits = engine(tokens[:, :-1])
-                loss = nn.functional.cross_entropy(
-                    logits.reshape(-1, args.vocab).float(), tokens[:, 1:].reshape(-1)
-                )
-                engine.backward(loss)
-                engine.step()
-                loss_sum += loss.item()
+            cap = args.memory_cap_mib if step >= args.memory_cap_at_step else 0
+            with memory_cap(cap):
+                for _ in range(accumulation):
+                    if step == args.oom_at_step or (
+                        step == args.oom_without_checkpointing_at_step
+                        and not args.activation_checkpointing
+                    ):
+                        raise torch.OutOfMemoryError(
+                            "CUDA out of memory. Tried to allocate 2.00 GiB"
+                        )
+                    tokens = make_batch(micro, args.seq_len, args.vocab, generator)
+                    logits = engine(tokens[:, :-1].to(engine.device))
+                    loss = nn.functional.cross_entropy(
+                        logits.reshape(-1, args.vocab).float(),
+                        tokens[:, 1:].to(engine.device).reshape(-1),
+                    )
+                    engine.backward(loss)
+                    engine.step()
+                    loss_sum += loss.item()
             if step == args.fail_at_step:
                 raise SystemExit(3)
             elapsed = time.perf_counter() - began

@@ -109,6 +109,7 @@ def _queue(
         f"attempt {number} queued: {rung}",
         current_attempt=number,
         plan=plan,
+        advice_reason=f"Re-planned after attempt {attempt.number}: {decision.reason}.",
     )
     return new.id
 

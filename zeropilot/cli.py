@@ -91,7 +91,9 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
             if not quiet and event["subject"] == "job":
                 stamp = event["created_at"][11:19]
                 console.print(
-                    f"{stamp} {event['to_status']:<10} {event['reason']}", highlight=False
+                    f"{stamp} {event['to_status']:<10} {event['reason']}",
+                    highlight=False,
+                    markup=False,  # reasons quote logs: "[enforce fail at ...]" is not markup
                 )
         seen_events = len(job["events"])
         if not quiet and job["status"] == "PENDING" and job["message"] != last_wait:
@@ -171,7 +173,11 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         return
     console.print(f"job [bold]{job['id']}[/bold] {job['name']} ({job['team']}): {job['status']}")
     if job["failure_class"]:
-        console.print(f"failure: {job['failure_class']}: {job['message']}", highlight=False)
+        message = job["message"]  # it names the class first; older jobs' may not
+        if not message.startswith(job["failure_class"]):
+            message = f"{job['failure_class']}: {message}"
+        failure = f"failure: {message}"
+        console.print(failure, highlight=False, markup=False)
     elif job["status"] == "PENDING" and job["message"]:
         console.print(job["message"], highlight=False)  # why admission holds it
     _print_plan(job["plan"], job["advice_reason"])
@@ -181,6 +187,7 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         console.print(
             f"  {stamp} {event['subject']:<7} {event['to_status']:<10} {event['reason']}",
             highlight=False,
+            markup=False,
         )
     if job["metrics"]:
         console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))

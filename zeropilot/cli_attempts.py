@@ -56,10 +56,10 @@ def print_attempts(job: dict[str, Any]) -> None:
     replans = [e["reason"] for e in job["events"] if e["to_status"] == "ESCALATING"]
     for attempt in job["attempts"]:
         if attempt["number"] > 1 and replans:
-            console.print(f"  re-planned: {replans.pop(0)}", highlight=False)
+            console.print(f"  re-planned: {replans.pop(0)}", highlight=False, markup=False)
         line = f"attempt {attempt['number']}: {attempt['status']} {plan_label(attempt['plan'])}"
-        console.print(f"{line} ({attempt['rung']})", highlight=False)
+        console.print(f"{line} ({attempt['rung']})", highlight=False, markup=False)
         if attempt["failure_class"]:
-            console.print(f"  ended: {attempt['failure_message']}", highlight=False)
+            console.print(f"  ended: {attempt['failure_message']}", highlight=False, markup=False)
             if figures := evidence_line(attempt.get("failure_evidence") or {}):
-                console.print(f"  evidence: {figures}", highlight=False)
+                console.print(f"  evidence: {figures}", highlight=False, markup=False)

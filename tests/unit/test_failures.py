@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from service.core.failures import Diagnosis, FailureClass, classify_failure, diagnose_failure
+from workers.backends.oom_kills import oom_kill_evidence
 
 TEXTS = Path(__file__).parent / "failure_texts"
 
@@ -386,3 +387,11 @@ def test_the_record_stores_class_lines_numbers_and_missing_bytes() -> None:
     assert record["source"] == "log"
     assert record["numbers"]["tried_bytes"] == 4 * GIB
     assert record["missing_bytes"] == int(2.5 * GIB)
+
+
+def test_the_local_backends_cgroup_count_makes_a_sigkill_host_oom() -> None:
+    reason = oom_kill_evidence(before=3, after=4)
+    assert reason == "memory cgroup: oom_kill 1 while the attempt ran"
+    assert classify(exit_code=247, reason=reason) == FailureClass.OOM_HOST
+    assert oom_kill_evidence(before=3, after=3) == ""  # no kill while it ran: no evidence
+    assert classify(exit_code=247, reason="") == FailureClass.KILLED

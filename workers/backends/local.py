@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from service.core.clusters import ClusterProfile
+from service.core.failures import SIGKILL_EXIT_CODES
 from workers.backends.base import (
     BackendState,
     BackendStatus,
@@ -177,6 +178,7 @@ def _finished(attempt_dir: Path, result: dict[str, Any]) -> BackendStatus:
         state,
         exit_code=exit_code,
         native_state=f"exit {exit_code}",
+        reason=str(result.get("oom_kills", "")) if exit_code in SIGKILL_EXIT_CODES else "",
         log_tail=_tail(attempt_dir, 80) if exit_code else "",
         node_exit_codes=codes,
     )

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from workers.backends.oom_kills import oom_kill_count, oom_kill_evidence
 from workers.backends.shm import remove_deepspeed_buffers, remove_orphaned_buffers
 
 POLL_S = 0.5
@@ -38,6 +39,7 @@ def main(attempt_dir: Path) -> int:
     (attempt_dir / "started").write_text(str(time.time()))
     launch = json.loads((attempt_dir / "launch.json").read_text())
     cancelled = _watch_for_cancel()
+    kills_before = oom_kill_count()  # a SIGKILLed rank plus a rising count: the OOM killer
     nodes = [_start_node(attempt_dir, launch, node) for node in launch["nodes"]]
     (attempt_dir / "nodes.json").write_text(json.dumps([p.pid for _r, p, _l in nodes]))
     codes, first_failure = _wait(nodes, cancelled, float(launch.get("cancel_grace_s", 10)))
@@ -45,7 +47,8 @@ def main(attempt_dir: Path) -> int:
     if master := launch.get("master"):  # every rank has ended: its shared memory can go
         remove_deepspeed_buffers(master["addr"], master["port"])
     remove_orphaned_buffers()  # and those of worlds killed before their own cleanup ran
-    _write_result(attempt_dir, codes, first_failure, cancelled["flag"])
+    oom_kills = oom_kill_evidence(kills_before, oom_kill_count())
+    _write_result(attempt_dir, codes, first_failure, cancelled["flag"], oom_kills)
     return 0
 
 
@@ -142,12 +145,17 @@ def _clear_groups(groups: list[int], timeout_s: float = 10.0) -> None:
 
 
 def _write_result(
-    attempt_dir: Path, codes: dict[int, int], first_failure: int | None, cancelled: bool
+    attempt_dir: Path,
+    codes: dict[int, int],
+    first_failure: int | None,
+    cancelled: bool,
+    oom_kills: str = "",
 ) -> None:
     result = {
         "exit_codes": codes,
         "first_failure": first_failure,
         "cancelled": cancelled,
+        "oom_kills": oom_kills,
         "at": time.time(),
     }
     draft = attempt_dir / "result.json.tmp"
