@@ -47,5 +47,7 @@ To look at job $job_id again (Ctrl-C, or kill %1, stops \`zeropilot up\`):
   export ZEROPILOT_DATA_DIR=$ZEROPILOT_DATA_DIR XDG_CONFIG_HOME=$XDG_CONFIG_HOME PATH=$VENV/bin:\$PATH
   zeropilot up &                 # wait for "zeropilot is up", then:
   zeropilot status $job_id       # or: zeropilot metrics $job_id, zeropilot logs $job_id
+and open $ZEROPILOT_URL/console in a browser: sign in with the token in
+$XDG_CONFIG_HOME/zeropilot/credentials.json to see the job and its loss curve.
 MORE
 exit $status
