@@ -13,6 +13,7 @@ from service.core.states import JobStatus
 from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
 from service.db.models import Attempt, Job, JobEvent
 from service.db.transitions import move_job
+from workers.disruption import DISRUPTION_RUNG
 
 
 def escalate(
@@ -25,12 +26,15 @@ def escalate(
 ) -> tuple[str | None, str]:
     """Queue the next attempt; return its id, or None and the reason (with numbers) why not."""
     failure = diagnosis.failure_class
-    if attempt.number >= spec.escalation.max_attempts:
+    history = attempts_of(session, job.id)
+    # Disruption retries have their own budget (workers.disruption): they use none of these.
+    used = sum(1 for a in history if not a.rung.startswith(DISRUPTION_RUNG))
+    if used >= spec.escalation.max_attempts:
         limit = spec.escalation.max_attempts
-        return None, f"not re-planned: {attempt.number} of at most {limit} attempts used"
+        return None, f"not re-planned: {used} of at most {limit} attempts used"
     evidence = evidence_from(diagnosis.as_record(), attempt.runtime_evidence)
     current = Candidate.model_validate(attempt.plan)
-    tried = [Candidate.model_validate(a.plan) for a in attempts_of(session, job.id)]
+    tried = [Candidate.model_validate(a.plan) for a in history]
     decision = replan(spec, profile, current, evidence, tried)
     if decision is None:
         return None, ""

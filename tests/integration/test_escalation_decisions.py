@@ -27,6 +27,7 @@ from service.db.users import create_user, user_by_token
 from service.settings import BrokerSettings, ClusterSettings, DatabaseSettings, Settings
 from service.tasks import LAUNCH_ATTEMPT
 from tests.integration.helpers import queued_tasks, tiny_spec
+from workers.disruption import DISRUPTION_RUNG
 from workers.reconcile import reconcile_attempt
 
 GPU_BOX = ClusterProfile(
@@ -60,9 +61,17 @@ def settings(tmp_path: Path, database_url: str, redis_url: str) -> Settings:
     )
 
 
-def failed_run(settings: Settings, tmp_path: Path, log: str) -> tuple[str, str]:
-    """A job whose attempt 1 ran on gpu-box and ended with exit code 1 and this log."""
-    spec = JobSpec.model_validate(tiny_spec(resources={"cluster": "gpu-box", "gpus_per_node": 2}))
+def failed_run(
+    settings: Settings,
+    tmp_path: Path,
+    log: str,
+    max_attempts: int = 4,
+    second_rung: str | None = None,
+) -> tuple[str, str]:
+    """A job whose current attempt ran on gpu-box and ended with exit code 1 and this log;
+    with ``second_rung``, attempt 1 failed before and attempt 2 (that rung) is the one."""
+    fields = tiny_spec(resources={"cluster": "gpu-box", "gpus_per_node": 2})
+    spec = JobSpec.model_validate({**fields, "escalation": {"max_attempts": max_attempts}})
     plan = advise(spec, GPU_BOX).plan.model_dump(mode="json")
     attempt_dir = tmp_path / "attempt-1"
     attempt_dir.mkdir()
@@ -79,13 +88,24 @@ def failed_run(settings: Settings, tmp_path: Path, log: str) -> tuple[str, str]:
         admit_pending(session, settings.cluster_profiles())
         attempt = job_store.current_attempt(session, job)
         assert attempt is not None
-        move_job(session, job, JobStatus.QUEUED, JobStatus.LAUNCHING, "launching")
+        if second_rung is not None:
+            attempt = _second_attempt(session, job, attempt, second_rung)
+        move_job(session, job, JobStatus.QUEUED, JobStatus.LAUNCHING, "launching",
+                 current_attempt=attempt.number)  # fmt: skip
         move_attempt(session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, "launching",
                      backend_ref=str(attempt_dir))  # fmt: skip
         move_job(session, job, JobStatus.LAUNCHING, JobStatus.RUNNING, "running")
         move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, "running")
         session.commit()
         return job.id, attempt.id
+
+
+def _second_attempt(session: Session, job: Job, first: Attempt, rung: str) -> Attempt:
+    for new in (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, AttemptStatus.FAILED):
+        move_attempt(session, first, AttemptStatus(first.status), new, "failed")
+    return job_store.add_attempt(
+        session, job, number=2, plan=first.plan, rung=rung, backend="local"
+    )
 
 
 def test_an_oom_caused_by_other_processes_retries_the_same_plan(
@@ -130,3 +150,27 @@ def test_an_oom_no_plan_can_absorb_ends_the_job_with_the_numbers(
     assert "to save the 74.00 GiB needed" in job.message
     note = next(r for r in reasons if r.startswith("not re-planned"))
     assert "tried 75.00 GiB, missing 74.00 GiB" in note
+
+
+@pytest.mark.parametrize(
+    ("second_rung", "counted"),
+    [
+        (f"{DISRUPTION_RUNG} (DisruptionTarget)", False),
+        ("micro-batch 4 -> 2 (accumulation 1 -> 2)", True),
+    ],
+)
+def test_disruption_retries_use_none_of_the_users_attempts(
+    settings: Settings, tmp_path: Path, second_rung: str, counted: bool
+) -> None:
+    log = cuda_oom("4.00 GiB", "1.50 GiB")
+    job_id, attempt_id = failed_run(settings, tmp_path, log, 2, second_rung)
+
+    reconcile_attempt(settings, attempt_id)
+
+    with Session(get_engine(settings.database_url)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.status == JobStatus.FAILED
+    # After a disruption retry re-planning is still asked (here nothing saves 2.50 GiB); after
+    # the user's own two attempts, max_attempts 2 ends it.
+    assert ("not re-planned: 2 of at most 2 attempts used" in job.message) is counted
+    assert ("no untried plan is predicted to fit" in job.message) is not counted
