@@ -43,6 +43,9 @@ from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 
 MIN_SAVING_FRACTION = 0.05  # without a missing-bytes figure, a plan must save at least this
+# At rank start "neither free nor reserved by PyTorch" includes the rank's own CUDA context
+# (a few hundred MiB); only more than this is counted as other processes' memory.
+CONTEXT_ALLOWANCE = 1024**3
 MIN_BUCKET = 10_000_000  # below this, smaller buckets cost throughput and save little
 BUCKET_DIVISOR = 4
 # Settings re-planning itself changes; a user's override of them would undo the new plan.
@@ -85,6 +88,8 @@ def evidence_from(record: dict[str, Any], runtime: dict[str, Any]) -> Evidence:
     numbers: dict[str, int] = record.get("numbers", {})
     started = [d.get("numbers", {}) for d in runtime.get("devices", {}).values()]
     others_at_start = max((n.get("other_processes_bytes", 0) for n in started), default=0)
+    if others_at_start < CONTEXT_ALLOWANCE:  # the rank's own CUDA context, not a neighbour
+        others_at_start = 0
     held = numbers.get("process_bytes", numbers.get("rss_bytes"))
     return Evidence(
         failure_class=str(record.get("failure_class", "")),
@@ -141,13 +146,13 @@ def _crowded_out(failed: Candidate, evidence: Evidence) -> Decision | None:
         return None
     capacity = evidence.capacity_bytes
     need = evidence.observed_need or failed.per_gpu_bytes.total
-    if capacity is None or need > capacity:
-        return None
+    if capacity is None or need > capacity * (1.0 - DEFAULT_HEADROOM):
+        return None  # the plan would not fit even a free GPU with the usual headroom
     return Decision(
         "retry",
         f"other processes held {format_bytes(evidence.other_processes_bytes)} of the GPU's "
         f"{format_bytes(capacity)}; this plan needs {format_bytes(need)}, which fits a free "
-        "GPU: the plan is kept and the attempt retried",
+        "GPU with the usual headroom: the plan is kept and the attempt retried",
         failed,
     )
 

@@ -141,6 +141,9 @@ def test_other_processes_seen_at_rank_start_count_as_evidence() -> None:
     record = {"failure_class": "OOM_GPU", "numbers": {"tried_bytes": 2 * GIB}}
     runtime = {"devices": {"0": {"numbers": {"other_processes_bytes": 30 * GIB}}}}
     assert evidence_from(record, runtime).other_processes_bytes == 30 * GIB
+    # A rank's own CUDA context is neither free nor reserved by PyTorch: not a neighbour.
+    context = {"devices": {"1": {"numbers": {"other_processes_bytes": 500 * MIB}}}}
+    assert evidence_from(record, context).other_processes_bytes == 0
 
 
 def test_an_oom_the_plan_itself_caused_is_not_retried_even_with_neighbours() -> None:
