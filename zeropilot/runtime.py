@@ -9,6 +9,7 @@ the run matters more than its telemetry.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -59,7 +60,13 @@ class Reporter:
         memory_peak_bytes: int | None = None,
         **extra: float,
     ) -> None:
-        """Report one training step's numbers (call it from rank 0)."""
+        """Report one training step's numbers (call it from rank 0). A NaN or infinite value
+        (a diverged loss) is reported as missing, with a warning, so the step still counts."""
+        numbers = {"loss": loss, "tokens_per_s": tokens_per_s, **extra}
+        odd = sorted(k for k, v in numbers.items() if v is not None and not math.isfinite(v))
+        if odd:
+            self._warn_once(f"step {step}: {', '.join(odd)} not finite, reported as missing")
+        loss, tokens_per_s = (None if k in odd else numbers[k] for k in ("loss", "tokens_per_s"))
         self._post(
             "metrics",
             {
@@ -67,7 +74,7 @@ class Reporter:
                 "loss": loss,
                 "tokens_per_s": tokens_per_s,
                 "memory_peak_bytes": memory_peak_bytes,
-                "extra": extra,
+                "extra": {k: v for k, v in extra.items() if k not in odd},
             },
         )
 
@@ -80,7 +87,8 @@ class Reporter:
     ) -> None:
         """Tag this attempt's failure explicitly; the classifier trusts this tag first."""
         print(f"{FAILURE_MARKER}{failure_class} {message[:200]}", file=sys.stderr, flush=True)
-        payload = {"failure_class": failure_class, "message": message[:2000]}
+        text = message.replace("\x00", "")[:2000]  # NUL bytes from a binary log are refused
+        payload = {"failure_class": failure_class, "message": text}
         self._post("failure", {**payload, "evidence": evidence or {}})
 
     def device_memory(self) -> None:

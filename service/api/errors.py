@@ -1,20 +1,40 @@
-"""422 answers that read like the README: the field and the rule, without pydantic's prefixes."""
+"""Errors as a client can act on them: 422 answers that read like the README (the field and
+the rule, without pydantic's prefixes), and 503 with Retry-After while the database is away."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.core.messages import plain_message
 
+ECHO_LIMIT = 200  # characters of a refused input echoed back
+
 
 def plain_errors(errors: Any) -> list[dict[str, Any]]:
-    """FastAPI's error list with each ``msg`` as the validator wrote it."""
-    return [{**e, "msg": plain_message(str(e.get("msg", "")))} for e in errors]
+    """FastAPI's error list with each ``msg`` as the validator wrote it, and the refused
+    input echoed only when it is short and valid JSON (not a megabyte, not NaN)."""
+    return [
+        {**e, "msg": plain_message(str(e.get("msg", ""))), "input": short_input(e.get("input"))}
+        for e in errors
+    ]
+
+
+def short_input(value: Any) -> Any:
+    if value is None or (isinstance(value, bool | int) and abs(value) < 2**63):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if isinstance(value, str) and len(value) <= ECHO_LIMIT:
+        return value
+    text = repr(value)
+    return text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT] + "..."
 
 
 async def validation_error(_: Request, exc: Exception) -> JSONResponse:
@@ -23,5 +43,19 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
+DATABASE_RETRY_AFTER_S = 5
+
+
+async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    """A lost connection is the operator's outage, not the client's error: retry later."""
+    return JSONResponse(
+        {"detail": f"the database is unavailable ({type(exc.__cause__ or exc).__name__}); retry"},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
+    for lost in (OperationalError, InterfaceError):
+        app.add_exception_handler(lost, database_unavailable)

@@ -7,7 +7,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.core.limits import INT32_MAX, INT64_MAX, Text
 from service.core.states import AttemptStatus, JobStatus
+
+Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class Public(BaseModel):
@@ -100,41 +103,45 @@ class LogsPublic(BaseModel):
     text: str
 
 
-class MetricReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    step: int = Field(ge=0)
+class Report(BaseModel):
+    """What a training process sends: finite numbers within the columns' ranges."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class MetricReport(Report):
+    step: int = Field(ge=0, le=INT32_MAX)
     loss: float | None = None
     tokens_per_s: float | None = Field(default=None, ge=0)
-    memory_peak_bytes: int | None = Field(default=None, ge=0)
-    extra: dict[str, float] = Field(default_factory=dict)
+    memory_peak_bytes: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    extra: dict[Annotated[str, Field(max_length=64)], float] = Field(
+        default_factory=dict, max_length=64
+    )
 
 
-class CheckpointReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    step: int = Field(ge=0)
-    path: str = Field(min_length=1, max_length=4096)
-    tag: str | None = Field(default=None, max_length=255)
+class CheckpointReport(Report):
+    step: int = Field(ge=0, le=INT32_MAX)
+    path: Annotated[Text, Field(min_length=1)]
+    tag: Annotated[Text, Field(max_length=255)] | None = None
 
 
-class FailureReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FailureReport(Report):
     failure_class: str = Field(pattern=r"^[A-Z_]{2,32}$")
-    message: str = Field(default="", max_length=4000)
+    message: Annotated[Text, Field(max_length=4000)] = ""
     # What the process measured as it failed, e.g. tried, in-use and limit bytes.
-    evidence: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], int] = Field(
+    evidence: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], Bytes] = Field(
         default_factory=dict, max_length=32
     )
 
 
-class DeviceReport(BaseModel):
+class DeviceReport(Report):
     """One rank's device memory as it starts training (the host's, on a CPU rank)."""
 
-    model_config = ConfigDict(extra="forbid")
-    rank: int = Field(ge=0)
-    device_free_bytes: int = Field(ge=0)
-    device_total_bytes: int = Field(ge=0)
+    rank: int = Field(ge=0, le=INT32_MAX)
+    device_free_bytes: Bytes
+    device_total_bytes: Bytes
     # Other figures: this process's share, other processes' share, limits.
-    numbers: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], int] = Field(
+    numbers: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,40}$")], Bytes] = Field(
         default_factory=dict, max_length=32
     )
 
@@ -171,5 +178,5 @@ class TeamUpdate(BaseModel):
     """Fields left out stay as they are; ``gpu_quota: null`` removes the limit."""
 
     model_config = ConfigDict(extra="forbid")
-    gpu_quota: int | None = Field(default=None, ge=1)
+    gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX)
     gpu_share: int = Field(default=1, ge=1, le=1000)

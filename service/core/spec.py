@@ -10,7 +10,24 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from service.core.limits import (
+    INT32_MAX,
+    MAX_DIMENSION,
+    MAX_LAYERS,
+    MAX_PARAMETERS,
+    MAX_TOKENS,
+    Text,
+    plain_document,
+)
 
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -21,11 +38,13 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_ENV_NAMES = frozenset({"JOB_COMPLETION_INDEX", "RANK", "LOCAL_RANK", "WORLD_SIZE"})
 RESERVED_ENV_PREFIXES = ("ZEROPILOT_", "MASTER_")
 
-PositiveInt = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
+Dimension = Annotated[int, Field(gt=0, le=MAX_DIMENSION)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Precision(StrEnum):
@@ -68,14 +87,15 @@ class MlpKind(StrEnum):
 class ModelSpec(Strict):
     """A decoder transformer: by Hugging Face config, by shape, or by parameter count alone."""
 
-    hf_config: dict[str, Any] | None = None  # a config.json's content; the CLI inlines a path
-    parameters: PositiveInt | None = None
-    hidden_size: PositiveInt | None = None
-    num_layers: PositiveInt | None = None
-    num_heads: PositiveInt | None = None
-    num_kv_heads: PositiveInt | None = None
-    ffn_size: PositiveInt | None = None
-    vocab_size: PositiveInt | None = None
+    # a config.json's content; the CLI inlines a path
+    hf_config: Annotated[dict[str, Any], AfterValidator(plain_document)] | None = None
+    parameters: Annotated[int, Field(gt=0, le=MAX_PARAMETERS)] | None = None
+    hidden_size: Dimension | None = None
+    num_layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)] | None = None
+    num_heads: Dimension | None = None
+    num_kv_heads: Dimension | None = None
+    ffn_size: Dimension | None = None
+    vocab_size: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
     tied_embeddings: bool = True
     mlp: MlpKind = MlpKind.PLAIN
     attention: AttentionImpl = AttentionImpl.FLASH
@@ -122,10 +142,10 @@ class ModelSpec(Strict):
 
 
 class TrainingSpec(Strict):
-    sequence_length: PositiveInt
-    global_batch_size: PositiveInt
-    micro_batch_size: PositiveInt | Literal["auto"] = "auto"
-    gradient_accumulation_steps: PositiveInt | None = None
+    sequence_length: Tokens
+    global_batch_size: Tokens
+    micro_batch_size: Tokens | Literal["auto"] = "auto"
+    gradient_accumulation_steps: Tokens | None = None
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
     optimizer_impl: OptimizerImpl = OptimizerImpl.AUTO
@@ -135,8 +155,8 @@ class TrainingSpec(Strict):
 
 class ResourcesSpec(Strict):
     cluster: Annotated[str, Field(pattern=NAME_PATTERN)] = "local"
-    nodes: PositiveInt = 1
-    gpus_per_node: PositiveInt = 1
+    nodes: Annotated[int, Field(gt=0, le=65_536)] = 1
+    gpus_per_node: Annotated[int, Field(gt=0, le=1024)] = 1
     time_limit_minutes: PositiveInt | None = None
 
     @property
@@ -148,7 +168,9 @@ class ZeroSpec(Strict):
     stage: Literal["auto", 0, 1, 2, 3] = "auto"
     offload: Offload = Offload.AUTO
     activation_checkpointing: bool | Literal["auto"] = "auto"
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: Annotated[dict[str, Any], AfterValidator(plain_document)] = Field(
+        default_factory=dict
+    )
 
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> ZeroSpec:
@@ -162,7 +184,7 @@ class ZeroSpec(Strict):
 
 
 class CheckpointSpec(Strict):
-    dir: str | None = None  # default: the job's folder on the cluster's shared storage
+    dir: Text | None = None  # default: the job's folder on the cluster's shared storage
     interval_steps: PositiveInt = 100
     resume: bool = True
 
@@ -177,11 +199,13 @@ class JobSpec(Strict):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     team: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-    entrypoint: Annotated[str, Field(min_length=1, max_length=1024)]
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
-    image: str | None = None
-    working_dir: str | None = None
-    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    entrypoint: Annotated[Text, Field(min_length=1, max_length=1024)]
+    args: list[Text] = Field(default_factory=list, max_length=1024)
+    image: Annotated[Text, Field(max_length=1024)] | None = None
+    working_dir: Text | None = None
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=256)], Text] = Field(
+        default_factory=dict, max_length=256
+    )
     model: ModelSpec
     training: TrainingSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)

@@ -21,6 +21,7 @@ from service.api.schemas import (
 )
 from service.core.advisor import NoPlanFits, advise
 from service.core.clusters import ClusterProfile
+from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
@@ -88,7 +89,7 @@ def list_jobs(
     status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
     team: Annotated[str | None, Query(description="admins only: another team's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT32_MAX)] = 0,
 ) -> JobsPublic:
     """The caller's team's jobs, newest first."""
     team_id = _team_filter(session, user, team)
@@ -128,9 +129,11 @@ def job_logs(
     user: CurrentUser,
     session: SessionDep,
     response: Response,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
     tail: Annotated[int, Query(ge=1, le=10000)] = 200,
-    offset: Annotated[int | None, Query(ge=0, description="follow: bytes already read")] = None,
+    offset: Annotated[
+        int | None, Query(ge=0, le=INT64_MAX, description="follow: bytes already read")
+    ] = None,
 ) -> LogsPublic:
     """The tail of an attempt's log, or (with ``offset``) what was appended since."""
     job = _visible_job(session, user, job_id)
@@ -156,7 +159,9 @@ def job_metrics(
     job_id: str,
     user: CurrentUser,
     session: SessionDep,
-    after_id: Annotated[int, Query(ge=0, description="only points newer than this id")] = 0,
+    after_id: Annotated[
+        int, Query(ge=0, le=INT32_MAX, description="only points newer than this id")
+    ] = 0,
 ) -> list[MetricPublic]:
     job = _visible_job(session, user, job_id)
     points = job_store.metrics_of(session, job.id, after_id)

@@ -1,0 +1,151 @@
+"""Inputs past what a column, a recursion or a loop can take get a 422 naming the field, on
+SQLite and PostgreSQL, and nothing is stored; a lost database answers 503 with Retry-After.
+
+Each case below gave a 500 (or never returned) before its limit existed (issue 11).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.security import attempt_token
+from service.settings import AuthSettings, DatabaseSettings, Settings
+from tests.integration.helpers import auth, three_users, tiny_spec
+
+INF, NAN = float("inf"), float("nan")  # sent as the Infinity and NaN that Python's json writes
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def tokens(settings: Settings) -> dict[str, str]:
+    return three_users(settings.database_url)
+
+
+def post(client: TestClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """POST a body that may hold NaN or Infinity (httpx's json= refuses them; clients do not)."""
+    typed = {**headers, "Content-Type": "application/json"}
+    return client.post(url, content=json.dumps(body), headers=typed)
+
+
+def nested(depth: int) -> dict[str, Any]:
+    document: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        document = {"deeper": document}
+    return document
+
+
+def training(**changes: Any) -> dict[str, Any]:
+    return {"training": {"sequence_length": 32, "global_batch_size": 8, **changes}}
+
+
+def model(**changes: Any) -> dict[str, Any]:
+    shape = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128}
+    return {"model": {**shape, **changes}}
+
+
+SPEC_CASES = [
+    (training(learning_rate=INF), "training.learning_rate"),
+    (training(gradient_clipping=NAN), "training.gradient_clipping"),
+    (training(global_batch_size=10**30), "training.global_batch_size"),
+    (training(global_batch_size=4 * 10**7), "training.global_batch_size"),
+    (model(num_layers=10**7), "model.num_layers"),
+    ({"model": {"parameters": 10**30}}, "model.parameters"),
+    ({"zero": {"overrides": nested(800)}}, "zero.overrides"),
+    ({"zero": {"overrides": {"reduce_bucket_size": NAN}}}, "zero.overrides"),
+    ({"entrypoint": "train\x00.py"}, "entrypoint"),
+    ({"env": {"BIG": "x" * 1_000_000}}, "env.BIG"),
+    ({"working_dir": "/data/\x00"}, "working_dir"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), SPEC_CASES)
+def test_a_spec_past_the_limits_is_refused_naming_the_field(
+    client: TestClient, tokens: dict[str, str], change: dict[str, Any], field: str
+) -> None:
+    response = post(client, "/v1/jobs", tiny_spec(**change), auth(tokens["alice"]))
+
+    assert response.status_code == 422, response.text
+    assert len(response.content) < 20_000  # the refused input is not echoed whole
+    fields = {".".join(str(p) for p in e["loc"][1:]) for e in response.json()["detail"]}
+    assert any(f.startswith(field) for f in fields), fields
+    listing = client.get("/v1/jobs", headers=auth(tokens["alice"])).json()
+    assert listing["count"] == 0  # nothing stored
+
+
+REPORT_CASES = [
+    ("metrics", {"step": 2**31}, "step"),
+    ("metrics", {"step": 1, "memory_peak_bytes": 2**63}, "memory_peak_bytes"),
+    ("metrics", {"step": 1, "loss": NAN}, "loss"),
+    ("metrics", {"step": 1, "extra": {"grad_norm": INF}}, "extra"),
+    ("checkpoints", {"step": 2**31, "path": "/ckpt/a"}, "step"),
+    ("checkpoints", {"step": 1, "path": "/ckpt/\x00"}, "path"),
+    ("failure", {"failure_class": "OOM_GPU", "message": "out of\x00memory"}, "message"),
+    ("failure", {"failure_class": "OOM_GPU", "evidence": {"tried": 2**64}}, "evidence"),
+    ("device", {"rank": 0, "device_free_bytes": 2**63, "device_total_bytes": 1}, "device_free"),
+]
+
+
+@pytest.mark.parametrize(("kind", "report", "field"), REPORT_CASES)
+def test_a_runtime_report_past_the_limits_is_refused_naming_the_field(
+    client: TestClient,
+    tokens: dict[str, str],
+    settings: Settings,
+    kind: str,
+    report: dict[str, Any],
+    field: str,
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    attempt_id = job["attempts"][0]["id"]
+    token = auth(attempt_token(settings.secret_key(), attempt_id))
+
+    response = post(client, f"/v1/runtime/attempts/{attempt_id}/{kind}", report, token)
+
+    assert response.status_code == 422, response.text
+    assert any(field in str(e["loc"]) for e in response.json()["detail"]), response.text
+    detail = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["alice"])).json()
+    assert detail["metrics"] == [] and detail["checkpoints"] == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/v1/jobs?offset=2147483648", "/v1/jobs?limit=501", "/v1/jobs/x/metrics?after_id=2147483648"],
+)
+def test_query_numbers_past_the_columns_are_refused(
+    client: TestClient, tokens: dict[str, str], url: str
+) -> None:
+    assert client.get(url, headers=auth(tokens["alice"])).status_code == 422
+
+
+def test_a_quota_past_the_column_is_refused(client: TestClient, tokens: dict[str, str]) -> None:
+    response = client.patch(
+        "/v1/teams/vision", json={"gpu_quota": 2**31}, headers=auth(tokens["root"])
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"][-1] == "gpu_quota"
+
+
+def test_a_lost_database_answers_503_with_retry_after(tmp_path: Path) -> None:
+    # Nothing listens on port 1: every connection is refused, as when PostgreSQL is down.
+    settings = Settings(
+        data_dir=tmp_path,
+        db=DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/zeropilot"),
+        auth=AuthSettings(secret_key="test-secret-key"),
+    )
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        response = client.get("/v1/jobs", headers=auth("zp_anything"))
+
+    assert response.status_code == 503, response.text
+    assert response.headers["Retry-After"] == "5"
+    assert "database is unavailable" in response.json()["detail"]
