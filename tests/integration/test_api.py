@@ -6,28 +6,15 @@ Auth, team scoping, validation errors, idempotency, runtime reports.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.app import create_app
 from service.security import attempt_token
 from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT
-from tests.integration.helpers import auth, queued_tasks, three_users, tiny_spec
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def tokens(settings: Settings) -> dict[str, str]:
-    return three_users(settings.database_url)
+from tests.integration.helpers import auth, queued_tasks, tiny_spec
 
 
 def test_health_and_readiness(client: TestClient) -> None:

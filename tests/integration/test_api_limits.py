@@ -7,7 +7,6 @@ Each case below gave a 500 (or never returned) before its limit existed (issue 1
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,9 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
-from tests.integration.helpers import auth, three_users, tiny_spec
+from tests.integration.helpers import auth, tiny_spec
 
 INF, NAN = float("inf"), float("nan")  # sent as the Infinity and NaN that Python's json writes
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def tokens(settings: Settings) -> dict[str, str]:
-    return three_users(settings.database_url)
 
 
 def post(client: TestClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:

@@ -4,22 +4,14 @@ that move only for committed work."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
-from service.api.app import create_app
 from service.settings import Settings
 from tests.integration.helpers import auth, three_users, tiny_spec
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
 
 
 @pytest.fixture
