@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,13 +26,23 @@ from zeropilot.cli_teams import teams_app
 from zeropilot.client import Client
 
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
-users_app = typer.Typer(help="Manage users and teams (admin token needed).", no_args_is_help=True)
+users_app = typer.Typer(
+    help="Manage users (a service admin or team admin token needed).", no_args_is_help=True
+)
 app.add_typer(users_app, name="users")
 app.add_typer(teams_app, name="teams")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+class UserRole(StrEnum):  # service.core.roles.Role, spelled here to keep the client light
+    member = "member"
+    viewer = "viewer"
+    team_admin = "team-admin"
+
+
 HEARTBEAT_S = 20.0
 
 
@@ -253,15 +264,21 @@ def metrics(job_id: str, as_json: JsonOpt = False) -> None:
 def create_user(
     name: str,
     team: Annotated[str, typer.Option(help="The user's team (created if new).")],
-    admin: Annotated[bool, typer.Option("--admin")] = False,
+    admin: Annotated[bool, typer.Option("--admin", help="A service admin (all teams).")] = False,
+    role: Annotated[
+        UserRole, typer.Option(help="In the team: member, viewer (read-only) or team-admin.")
+    ] = UserRole.member,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a user; its token is printed once."""
-    user = call_api(api_client().create_user, name, team, admin)
+    """Create a user (service admins: in any team; team admins: in their own); its token is
+    printed once."""
+    user = call_api(api_client().create_user, name, team, admin, role.value)
     if as_json:
         print_json(user)
     else:
-        console.print(f"user {user['name']} in team {user['team']}; token (shown once):")
+        console.print(
+            f"user {user['name']} ({user['role']}) in team {user['team']}; token (shown once):"
+        )
         console.print(user["token"], highlight=False)
 
 

@@ -76,8 +76,10 @@ class Client:
     def me(self) -> dict[str, Any]:
         return self._call("GET", "/v1/me")
 
-    def create_user(self, name: str, team: str, is_admin: bool = False) -> dict[str, Any]:
-        body = {"name": name, "team": team, "is_admin": is_admin}
+    def create_user(
+        self, name: str, team: str, is_admin: bool = False, role: str = "member"
+    ) -> dict[str, Any]:
+        body = {"name": name, "team": team, "is_admin": is_admin, "role": role}
         return self._call("POST", "/v1/users", json=body)
 
     def teams(self) -> list[dict[str, Any]]:

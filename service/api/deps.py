@@ -9,6 +9,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
+from service.core.roles import Role
 from service.db.models import Attempt, User
 from service.db.session import get_engine
 from service.db.users import user_by_token
@@ -60,6 +61,19 @@ def get_admin(user: CurrentUser) -> User:
 
 
 AdminUser = Annotated[User, Depends(get_admin)]
+
+
+def get_writer(user: CurrentUser) -> User:
+    """A user who may submit and cancel: anyone but a viewer."""
+    if not user.is_admin and not Role(user.role).can_write:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"user {user.name} is a viewer: viewers read jobs but cannot submit or cancel",
+        )
+    return user
+
+
+WriterUser = Annotated[User, Depends(get_writer)]
 
 
 def get_reporting_attempt(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.core.limits import INT32_MAX, INT64_MAX, Text
+from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
 
 Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -151,12 +152,14 @@ class UserCreate(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
     team: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
     is_admin: bool = False
+    role: Role = Role.MEMBER  # inside the team: member, viewer (read-only) or team-admin
 
 
 class UserCreated(BaseModel):
     name: str
     team: str
     is_admin: bool
+    role: Role
     token: str  # shown once; only its hash is stored
 
 
@@ -164,6 +167,7 @@ class Me(BaseModel):
     name: str
     team: str
     is_admin: bool
+    role: Role
 
 
 class TeamPublic(BaseModel):

@@ -45,6 +45,7 @@ class User(SQLModel, table=True):
     name: str = Field(unique=True, index=True, max_length=64)
     team_id: int = Field(foreign_key="team.id", index=True)
     is_admin: bool = False
+    role: str = Field(default="member", sa_type=String(16))  # service.core.roles.Role
     token_hash: str = Field(unique=True, index=True, max_length=64)  # sha256 of the bearer token
     created_at: datetime = Field(default_factory=utcnow)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, func, select
 
+from service.core.roles import Role
 from service.db.models import Team, User
 from service.security import hash_token, new_user_token
 
@@ -17,14 +18,23 @@ def get_or_create_team(session: Session, name: str) -> Team:
     return team
 
 
-def create_user(session: Session, name: str, team_name: str, is_admin: bool = False) -> str:
+def create_user(
+    session: Session,
+    name: str,
+    team_name: str,
+    is_admin: bool = False,
+    role: Role = Role.MEMBER,
+) -> str:
     """Create a user in a team (creating the team if needed); return the token, shown once."""
     if session.exec(select(User).where(User.name == name)).first() is not None:
         raise ValueError(f"a user named {name!r} already exists")
     team = get_or_create_team(session, team_name)
     token = new_user_token()
     assert team.id is not None
-    session.add(User(name=name, team_id=team.id, is_admin=is_admin, token_hash=hash_token(token)))
+    user = User(
+        name=name, team_id=team.id, is_admin=is_admin, role=role, token_hash=hash_token(token)
+    )
+    session.add(user)
     session.flush()
     return token
 

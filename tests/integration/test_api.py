@@ -165,7 +165,7 @@ def test_admin_creates_users_and_others_cannot(client: TestClient, tokens: dict[
     created = client.post("/v1/users", json=body, headers=auth(tokens["root"]))
     assert created.status_code == 201
     me = client.get("/v1/me", headers=auth(created.json()["token"])).json()
-    assert me == {"name": "carol", "team": "vision", "is_admin": False}
+    assert me == {"name": "carol", "team": "vision", "is_admin": False, "role": "member"}
     assert client.post("/v1/users", json=body, headers=auth(tokens["root"])).status_code == 409
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlmodel import Session, select
 
-from service.api.deps import CurrentUser, SessionDep, SettingsDep
+from service.api.deps import CurrentUser, SessionDep, SettingsDep, WriterUser
 from service.api.schemas import (
     AttemptPublic,
     CheckpointPublic,
@@ -39,7 +39,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobDetail)
 def create_job(
     spec: JobSpec,
-    user: CurrentUser,
+    user: WriterUser,
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
@@ -106,7 +106,7 @@ def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
 def cancel_job(
-    job_id: str, user: CurrentUser, session: SessionDep, settings: SettingsDep
+    job_id: str, user: WriterUser, session: SessionDep, settings: SettingsDep
 ) -> JobPublic:
     """Mark the job cancelled; a worker then stops its processes on the cluster."""
     job = _visible_job(session, user, job_id)
