@@ -130,7 +130,7 @@ async function route() {
   if (!me) {
     try { me = await api("/v1/me"); } catch (e) { if (!token()) return; show(errorBox(e)); return; }
   }
-  who.textContent = `${me.name} · ${me.team}${me.is_admin ? " · admin" : ""}`;
+  who.textContent = `${me.name} · ${me.team}${me.is_admin ? " · admin" : ""}${me.role && me.role !== "member" ? ` · ${me.role}` : ""}`;
   out.hidden = false;
   const [, page, id] = (location.hash || "#/jobs").split("/");
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === page));
@@ -239,7 +239,7 @@ async function jobView(id) {
   });
 }
 function renderHead(node, job) {
-  const cancel = TERMINAL.has(job.status) ? null : el("button", { class: "danger", id: "cancel", onclick: async () => {
+  const cancel = TERMINAL.has(job.status) || me.role === "viewer" ? null : el("button", { class: "danger", id: "cancel", onclick: async () => {
     if (!confirm(`Cancel job ${job.name} (${job.id})?`)) return;
     try { await api(`/v1/jobs/${job.id}/cancel`, { method: "POST" }); } catch (e) { alert(e.message); }
   } }, "Cancel");
