@@ -44,6 +44,11 @@ class WorkerSettings(BaseModel):
     # A job left QUEUED/LAUNCHING this long without progress gets its launch task sent again.
     launch_lease_s: float = Field(default=30.0, gt=0)
     cancel_grace_s: float = Field(default=10.0, ge=0)
+    # A launch that keeps failing (cluster unreachable, disk error) ends the attempt as
+    # LAUNCH_ERROR after this many tries; the waits between them double from the first delay
+    # and never exceed the lease (after which the sweep would send the launch again anyway).
+    launch_max_tries: int = Field(default=3, ge=1, le=100)
+    launch_retry_delay_s: float = Field(default=5.0, gt=0)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
     # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

@@ -3,6 +3,10 @@
 Safe to run twice for the same attempt (a redelivered task, a sweep after a worker died): the
 claim is a compare-and-set, the rendered files are written once, and ``submit`` is idempotent
 by the attempt's deterministic backend name.
+
+A failed try is counted on the attempt (``failure_evidence["launch_tries"]``, whoever sent the
+task: a retry or the sweep), so every launch error ends the attempt as ``LAUNCH_ERROR`` after
+``workers.launch_max_tries``; a ``PermanentError`` ends it at once. Each try logs one line.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from pathlib import Path
 
 from sqlalchemy import update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col
 
 from service.core.clusters import ClusterProfile
@@ -27,33 +32,80 @@ from service.metrics import ATTEMPTS_LAUNCHED
 from service.security import attempt_token
 from service.settings import Settings
 from workers.backends import get_backend
-from workers.backends.base import LaunchRequest, PermanentError
+from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
 from workers.render import write_json_once
 
 log = logging.getLogger(__name__)
 
+MAX_ERROR_CHARS = 500  # a 1 MB path in an error must not reach every log line and message
 
-def launch_attempt(settings: Settings, attempt_id: str) -> None:
+
+def launch_attempt(settings: Settings, attempt_id: str) -> float | None:
+    """Launch the attempt; return the seconds to wait before trying again after a failed try,
+    or None when nothing is left to do (launched, failed for good, or not this task's to do)."""
+    try:
+        _launch(settings, attempt_id)
+    except SQLAlchemyError:
+        raise  # the database, not the launch: the sweep sends it again once it is back
+    except PermanentError as exc:
+        _fail_launch(settings, attempt_id, describe_error(exc))
+    except Exception as exc:  # every other launch error is retried, a bounded number of times
+        return _count_failed_try(settings, attempt_id, describe_error(exc))
+    return None
+
+
+def _launch(settings: Settings, attempt_id: str) -> None:
     with session_scope(settings.database_url) as session:
         claimed = _claim(session, attempt_id)
         if claimed is None:
             return
+        session.commit()  # the claim holds even when rendering below fails
         job, attempt = claimed
         current_job_id.set(job.id)  # on this task's log lines
         profile = settings.cluster_profiles()[job.cluster]
         request = build_request(settings, job, attempt, profile)
     backend = get_backend(profile.kind)
     _pause(settings.workers.fault_pause_before_submit_s)
-    try:
-        ref = backend.submit(request)
-    except PermanentError as exc:
-        _fail_launch(settings, attempt_id, str(exc))
-        return
+    ref = backend.submit(request)
     ATTEMPTS_LAUNCHED.labels(profile.name, profile.kind).inc()
     log.info("attempt %s submitted to %s as %s", attempt_id, profile.name, ref)
     _pause(settings.workers.fault_pause_after_submit_s)
     if _record_ref(settings, attempt_id, ref, backend.log_path(ref)):
         backend.cancel(profile, ref)  # cancelled while we were submitting
+
+
+def describe_error(exc: Exception) -> str:
+    """One line naming the error, short enough for a log line and the job's message."""
+    text = " ".join(str(exc).split())
+    if not isinstance(exc, PermanentError | TemporaryError):  # backend errors are sentences
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "\u2026"
+
+
+def _count_failed_try(settings: Settings, attempt_id: str, error: str) -> float | None:
+    """Record one failed try; end the attempt after the last, else return the wait."""
+    with session_scope(settings.database_url) as session:
+        attempt = session.get(Attempt, attempt_id, with_for_update=True)
+        if attempt is None or attempt.status != AttemptStatus.LAUNCHING:
+            return None
+        tries = int(attempt.failure_evidence.get("launch_tries", 0)) + 1
+        evidence = {**attempt.failure_evidence, "launch_tries": tries, "launch_error": error}
+        attempt.failure_evidence = evidence  # a new dict: JSON columns track assignment only
+        session.add(attempt)
+    workers = settings.workers
+    if tries >= workers.launch_max_tries:
+        _fail_launch(settings, attempt_id, f"{error} (launch tried {tries} times)")
+        return None
+    delay: float = min(workers.launch_retry_delay_s * 2 ** (tries - 1), workers.launch_lease_s)
+    log.warning(
+        "launch of attempt %s failed (try %d of %d), next try in %.0f s: %s",
+        attempt_id,
+        tries,
+        workers.launch_max_tries,
+        delay,
+        error,
+    )
+    return delay
 
 
 def _claim(session: Session, attempt_id: str) -> tuple[Job, Attempt] | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from celery import Task
+
 from service.metrics import RECONCILE_LAST_PASS, RECONCILE_SECONDS
 from service.settings import get_settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, RECONCILE
@@ -12,15 +14,13 @@ from workers.backends.base import TemporaryError
 from workers.celery_app import app
 
 
-@app.task(
-    name=LAUNCH_ATTEMPT,
-    autoretry_for=(TemporaryError,),
-    retry_backoff=5,
-    retry_backoff_max=120,
-    max_retries=20,
-)
-def launch_attempt(attempt_id: str) -> None:
-    launch.launch_attempt(get_settings(), attempt_id)
+@app.task(name=LAUNCH_ATTEMPT, bind=True)
+def launch_attempt(self: Task, attempt_id: str) -> None:
+    # Tries are counted on the attempt, not by Celery: a sweep's re-send counts too, and the
+    # last one ends the attempt. A plain re-send, not self.retry: one log line per try.
+    retry_in = launch.launch_attempt(get_settings(), attempt_id)
+    if retry_in is not None:
+        self.apply_async((attempt_id,), countdown=retry_in)
 
 
 @app.task(name=CANCEL_ATTEMPT, autoretry_for=(TemporaryError,), retry_backoff=5, max_retries=10)
