@@ -54,7 +54,9 @@ class Stack:
         }
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start_api(self) -> None:
+    def start_api(self, port: int | None = None) -> str:
+        """Serve the API on this stack's port, or another API process on ``port``; its URL."""
+        port = port or self.port
         argv = [
             sys.executable,
             "-m",
@@ -64,12 +66,14 @@ class Stack:
             "--host",
             self.host,
             "--port",
-            str(self.port),
+            str(port),
             "--log-level",
             "warning",
         ]
-        self._spawn(argv, "api.log", {})
-        self._wait_ready()
+        self._spawn(argv, "api.log" if port == self.port else f"api-{port}.log", {})
+        url = f"http://127.0.0.1:{port}"
+        self._wait_ready(url)
+        return url
 
     def start_worker(self, name: str, **settings: str) -> subprocess.Popen[bytes]:
         extra = {f"ZEROPILOT_WORKERS__{key.upper()}": value for key, value in settings.items()}
@@ -114,11 +118,11 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def _wait_ready(self, timeout_s: float = 60) -> None:
+    def _wait_ready(self, url: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -42,33 +42,3 @@ def test_submitted_job_trains_to_success_with_metrics_and_checkpoint(
 
     logs = api.http.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 50}).json()["text"]
     assert "step 20 loss" in logs
-
-
-@pytest.mark.parametrize("crash_point", ["before_submit", "after_submit"])
-def test_worker_killed_mid_launch_neither_loses_nor_doubles_the_job(
-    stack: Stack, api: Api, crash_point: str
-) -> None:
-    doomed = stack.start_worker("doomed", **{f"fault_pause_{crash_point}_s": "60"})
-    job = api.submit(tiny_spec(steps=10, zero={"stage": 1}))
-    attempt_dir = stack.data_dir / "attempts" / job["attempts"][0]["backend_name"]
-    api.wait_for(job["id"], {"LAUNCHING"}, stack, timeout_s=60)
-    if crash_point == "after_submit":  # killed after the processes started, before recording it
-        _wait_for_file(attempt_dir / "started", stack)
-    stack.kill(doomed)
-
-    stack.start_worker("rescuer")
-    done = api.wait_for(job["id"], {"SUCCEEDED", "FAILED"}, stack)
-    assert done["status"] == "SUCCEEDED", done["message"]
-    assert len(done["attempts"]) == 1
-    node_log = (attempt_dir / "node-0.log").read_text()
-    assert node_log.count("dist_world_size=2") == 1  # the launcher ran exactly once
-    assert job_statuses(done).count("LAUNCHING") == 1
-
-
-def _wait_for_file(path: Path, stack: Stack, timeout_s: float = 60) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared:\n{stack.logs()}"
-        time.sleep(0.2)
