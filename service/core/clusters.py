@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.core.spec import ENV_NAME_PATTERN, NAME_PATTERN
+from service.core.launch_limits import ENV_NAME_PATTERN
+from service.core.spec import NAME_PATTERN
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 # Where every Kubernetes training pod already mounts something (the ConfigMap, its /dev/shm).

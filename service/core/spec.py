@@ -19,6 +19,12 @@ from pydantic import (
     model_validator,
 )
 
+from service.core.launch_limits import (
+    Arguments,
+    Environment,
+    FilePath,
+    ImageReference,
+)
 from service.core.limits import (
     INT32_MAX,
     MAX_DIMENSION,
@@ -31,12 +37,6 @@ from service.core.limits import (
 
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# Variables the launch sets in every rank (node rank, rendezvous, zeropilot's runtime): a job's
-# own value would replace them (on Kubernetes the Job controller keeps a JOB_COMPLETION_INDEX
-# the pod already has, and every node would get the same rank).
-RESERVED_ENV_NAMES = frozenset({"JOB_COMPLETION_INDEX", "RANK", "LOCAL_RANK", "WORLD_SIZE"})
-RESERVED_ENV_PREFIXES = ("ZEROPILOT_", "MASTER_")
 
 PositiveInt = Annotated[int, Field(gt=0, le=INT32_MAX)]
 Dimension = Annotated[int, Field(gt=0, le=MAX_DIMENSION)]
@@ -199,13 +199,12 @@ class JobSpec(Strict):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     team: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-    entrypoint: Annotated[Text, Field(min_length=1, max_length=1024)]
-    args: list[Text] = Field(default_factory=list, max_length=1024)
-    image: Annotated[Text, Field(max_length=1024)] | None = None
-    working_dir: Text | None = None
-    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN, max_length=256)], Text] = Field(
-        default_factory=dict, max_length=256
-    )
+    # Values the launch hands to a process, a script or a pod: see launch_limits.
+    entrypoint: FilePath
+    args: Arguments = Field(default_factory=list)
+    image: ImageReference | None = None
+    working_dir: FilePath | None = None
+    env: Environment = Field(default_factory=dict)
     model: ModelSpec
     training: TrainingSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -213,17 +212,6 @@ class JobSpec(Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     escalation: EscalationSpec = Field(default_factory=EscalationSpec)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
-
-    @model_validator(mode="after")
-    def _env_names_are_ours_to_set(self) -> JobSpec:
-        for name in self.env:
-            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
-                raise ValueError(
-                    f"env.{name}: zeropilot sets this variable in every rank (reserved: "
-                    f"{', '.join(sorted(RESERVED_ENV_NAMES))} and names starting with "
-                    f"{' or '.join(RESERVED_ENV_PREFIXES)}); choose another name"
-                )
-        return self
 
     @model_validator(mode="after")
     def _batch_numbers_agree(self) -> JobSpec:

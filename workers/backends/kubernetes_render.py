@@ -19,7 +19,7 @@ import zlib
 from typing import Any
 
 from service.core.clusters import ClusterProfile
-from service.core.spec import ENV_NAME_PATTERN
+from service.core.launch_limits import ENV_NAME_PATTERN
 from workers.backends.base import LaunchRequest, PermanentError
 from workers.render import launcher_argv, render_hostfile
 

@@ -15,7 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
-from service.core.spec import ENV_NAME_PATTERN
+from service.core.launch_limits import ENV_NAME_PATTERN
 from workers.backends.base import LaunchRequest, PermanentError
 from workers.backends.shm import shell_removal
 from workers.render import launcher_argv
