@@ -1,10 +1,10 @@
 """``zeropilot up``: the whole service on one machine, on the embedded defaults.
 
 It migrates the database, creates the first admin (printing its token once and saving it for
-the CLI), then runs a Celery worker with the reconcile scheduler in a child process and the API
-in this one. The worker is supervised: when it dies (a SIGKILL, the OOM killer) its whole
-process group goes too, its embedded beat included, and a new one starts. Ctrl-C stops both, and
-the worker dies with this process however this process ends.
+the CLI), then runs a Celery worker and the reconcile scheduler (Celery beat) as two child
+processes, as the chart and compose file run them, and the API in this one. Each child is
+supervised: when it dies (a SIGKILL, the OOM killer) its whole process group goes too and a new
+one starts. Ctrl-C stops them all, and the children die with this process however it ends.
 """
 
 from __future__ import annotations
@@ -54,14 +54,20 @@ def run_embedded(host: str | None, port: int | None) -> None:
         )
         console.print(f"  {token}", highlight=False)
         console.print(f"  saved for the CLI in {path}", highlight=False)
-    worker = WorkerSupervisor(settings.data_dir)
+    data = settings.data_dir
+    children = [
+        Supervised("worker", worker_argv(None), data / "worker.log"),
+        Supervised(
+            "scheduler", scheduler_argv(str(data / "celerybeat-schedule")), data / "scheduler.log"
+        ),
+    ]
     console.print(
         f"zeropilot is up: API {settings.public_url} (docs {settings.public_url}/docs)",
         highlight=False,
     )
     console.print(f"console: {settings.public_url}/console", highlight=False)
     console.print(
-        f"data in {settings.data_dir}; worker log {settings.data_dir / 'worker.log'}",
+        f"data in {data}; worker log {data / 'worker.log'}, scheduler log {data / 'scheduler.log'}",
         highlight=False,
     )
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -73,7 +79,8 @@ def run_embedded(host: str | None, port: int | None) -> None:
             log_level="warning",
         )
     finally:
-        worker.stop()
+        for child in children:
+            child.stop()
 
 
 def _share_metrics(folder: Path) -> None:
@@ -86,18 +93,14 @@ def _share_metrics(folder: Path) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
 
 
-def worker_argv(schedule: str, *extra: str) -> list[str]:
-    """One Celery worker with the reconcile beat inside it: the embedded way to run workers."""
+def worker_argv(schedule: str | None, *extra: str) -> list[str]:
+    """A Celery worker; with a schedule file, the reconcile beat runs inside it (the tests'
+    stacks), without one the beat is a process of its own (``scheduler_argv``)."""
+    beat = ["--beat", "--schedule", schedule] if schedule else []
     return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app",
+        *CELERY,
         "worker",
-        "--beat",
-        "--schedule",
-        schedule,
+        *beat,
         "--pool",
         "solo",
         "--loglevel",
@@ -109,32 +112,38 @@ def worker_argv(schedule: str, *extra: str) -> list[str]:
     ]
 
 
+def scheduler_argv(schedule: str) -> list[str]:
+    """Celery beat alone: it sends the periodic reconcile task, and nothing else."""
+    return [*CELERY, "beat", "--schedule", schedule, "--loglevel", "INFO"]
+
+
+CELERY = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-RESTART_DELAYS_S = (1, 2, 5, 10, 30)  # a worker that keeps dying is restarted ever more slowly
-STABLE_AFTER_S = 60  # a worker that lived this long starts the delays again from the first
+RESTART_DELAYS_S = (1, 2, 5, 10, 30)  # a child that keeps dying is restarted ever more slowly
+STABLE_AFTER_S = 60  # a child that lived this long starts the delays again from the first
 
 
-class WorkerSupervisor:
-    """The Celery worker (with its embedded beat) in a process group of its own, restarted
-    when it dies; the whole group is ended on stop, or when it died, so no beat outlives it."""
+class Supervised:
+    """One child (the worker, or the scheduler) in a process group of its own, restarted when it
+    dies; the whole group is ended on stop, or when it died, so none of its children outlive it."""
 
-    def __init__(self, data_dir: os.PathLike[str], poll_s: float = 0.5) -> None:
-        self.data_dir = data_dir
+    def __init__(self, name: str, argv: list[str], log: Path, poll_s: float = 0.5) -> None:
+        self.name, self.argv, self.log = name, argv, log
         self.poll_s = poll_s
         self.restarts = 0
         self._stopping, self._stopped = threading.Event(), threading.Event()
         self.process = self._start()
-        self._watcher = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name=f"{name}-supervisor", daemon=True)
         self._watcher.start()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        with open(os.path.join(self.data_dir, "worker.log"), "ab") as log:  # the child keeps it
+        with self.log.open("ab") as log:  # the child keeps it open
             return subprocess.Popen(
-                worker_argv(os.path.join(self.data_dir, "celerybeat-schedule")),
+                self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its beat child shares the group: killpg reaches it
+                start_new_session=True,  # its own children share the group: killpg reaches them
                 preexec_fn=_die_with_parent,
             )
 
@@ -144,20 +153,22 @@ class WorkerSupervisor:
             code = self.process.poll()
             if code is None:
                 continue
-            _end_group(self.process.pid, signal.SIGKILL)  # its orphaned beat, if any
+            _end_group(self.process.pid, signal.SIGKILL)  # its orphaned children, if any
             failures = 0 if time.monotonic() - started > STABLE_AFTER_S else failures + 1
             delay = RESTART_DELAYS_S[min(failures, len(RESTART_DELAYS_S)) - 1] if failures else 0
-            console.print(f"worker exited ({code}); restarting it in {delay} s", highlight=False)
+            console.print(
+                f"{self.name} exited ({code}); restarting it in {delay} s", highlight=False
+            )
             if self._stopping.wait(delay):
                 break
             self.process, started = self._start(), time.monotonic()
             self.restarts += 1
-        # PR_SET_PDEATHSIG fires when the *thread* that started the worker ends: outlive stop().
+        # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: outlive stop().
         self._stopped.wait()
 
     def stop(self, grace_s: float = 20) -> None:
         self._stopping.set()
-        _end_group(self.process.pid, signal.SIGTERM)  # a warm shutdown, the beat child too
+        _end_group(self.process.pid, signal.SIGTERM)  # a warm shutdown
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace_s)
         _end_group(self.process.pid, signal.SIGKILL)

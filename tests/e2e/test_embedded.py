@@ -118,40 +118,47 @@ def process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
-def wait_for_worker(up: subprocess.Popen[bytes], not_pid: int = 0) -> tuple[int, set[int]]:
-    """The worker child of `zeropilot up` (not ``not_pid``) once its beat child has started:
-    its pid and the pids of its process group."""
+def wait_for_child(up: subprocess.Popen[bytes], role: str, not_pid: int = 0) -> int:
+    """The pid of `zeropilot up`'s Celery child whose subcommand is ``role`` ("worker" or
+    "beat"), other than ``not_pid``."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        table = process_table()
-        for pid, (parent, group, cmdline) in table.items():
-            if parent == up.pid and pid != not_pid and "celery" in cmdline:
-                members = {p for p, (_pp, g, _c) in table.items() if g == group}
-                if len(members) >= 2:  # the worker and its embedded beat
-                    return pid, members
+        for pid, (parent, _group, cmdline) in process_table().items():
+            if parent == up.pid and pid != not_pid and f" {role} " in f"{cmdline} ":
+                return pid
         time.sleep(0.5)
-    raise AssertionError("no worker with its beat under zeropilot up")
+    raise AssertionError(f"no celery {role} under zeropilot up")
 
 
-def test_up_restarts_a_killed_worker_and_leaves_no_orphan(
+def test_up_restarts_a_killed_worker_or_scheduler_and_leaves_no_orphan(
     embedded: Embedded, tmp_path: Path
 ) -> None:
     process = embedded.up()
     try:
-        worker, group = wait_for_worker(process)
+        worker, scheduler = wait_for_child(process, "worker"), wait_for_child(process, "beat")
 
         os.kill(worker, signal.SIGKILL)  # as the kernel's OOM killer would
+        os.kill(scheduler, signal.SIGKILL)
 
-        restarted, new_group = wait_for_worker(process, not_pid=worker)
-        assert not group & set(process_table()), "the killed worker's beat outlived it"
-        assert "worker exited (-9); restarting" in embedded.output.read_text()
+        new_worker = wait_for_child(process, "worker", not_pid=worker)
+        new_scheduler = wait_for_child(process, "beat", not_pid=scheduler)
+        worker_log = tmp_path / "data" / "worker.log"
+        restarted_at = worker_log.stat().st_size
+        output = embedded.output.read_text()
+        assert "worker exited (-9); restarting" in output
+        assert "scheduler exited (-9); restarting" in output
         spec = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
         spec["args"] = ["--steps", "2", "--checkpoint-interval", "2"]
         spec["working_dir"] = str(REPO / "examples")
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
         result = embedded.cli("submit", str(tmp_path / "job.yaml"), "--wait")
         assert result.returncode == 0, result.stdout + result.stderr  # the new worker works
+        # The new scheduler sends the periodic reconcile, and the new worker runs it.
+        deadline = time.monotonic() + 60
+        while "zeropilot.reconcile" not in worker_log.read_bytes()[restarted_at:].decode():
+            assert time.monotonic() < deadline, "no reconcile ran after the restarts"
+            time.sleep(1)
     finally:
         embedded.down(process)
-    assert not new_group & set(process_table()), "a worker process outlived zeropilot up"
-    assert restarted not in process_table()
+    left = set(process_table())
+    assert not {worker, scheduler, new_worker, new_scheduler} & left, "a child outlived `up`"
