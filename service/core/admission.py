@@ -16,8 +16,23 @@ alternate); then the oldest. Pure: the database layer gathers the inputs and app
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+from service.core.states import JobStatus
+
+# Statuses in which a job holds its GPUs: from admission until it ends.
+HOLDING = frozenset(
+    {JobStatus.QUEUED, JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING}
+)
+
+
+def gpus_of(spec: dict[str, Any]) -> int:
+    """The GPUs a stored job spec asks for: nodes x GPUs per node."""
+    resources = spec["resources"]
+    return int(resources["nodes"]) * int(resources["gpus_per_node"])
 
 
 @dataclass(frozen=True)
@@ -57,7 +72,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     """Admit what fits, in order, and say why the rest waits."""
     by_team = dict(held.by_team)
     by_cluster = dict(held.by_cluster)
-    left = list(waiting)
+    queues = _queues_by_team(waiting)
     admitted: list[str] = []
     reasons: dict[str, str] = {}
     blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
@@ -66,33 +81,53 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
         share = max(limits.team_share.get(job.team, 1), 1)
         return (-job.priority, by_team.get(job.team, 0) / share, job.submitted_at, job.job_id)
 
-    while left:
-        job = min(left, key=order)
-        left.remove(job)
+    while queues:
+        # Within a team the order needs no fair share: the next job is the best team's head.
+        team = min(queues, key=lambda name: order(queues[name][0]))
+        job = queues[team].popleft()
+        if not queues[team]:
+            del queues[team]
         if job.cluster in blocked:
             reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
             continue
-        quota = limits.team_quota.get(job.team)
-        team_held = by_team.get(job.team, 0)
-        if quota is not None and team_held + job.gpus > quota:
-            reasons[job.job_id] = (
-                f"team {job.team} holds {team_held} of its {quota}-GPU quota; "
-                f"this job needs {job.gpus}"
-            )
+        if why := _over_quota(job, by_team, limits):
+            reasons[job.job_id] = why
             continue
-        cap = limits.cluster_cap.get(job.cluster)
-        cluster_held = by_cluster.get(job.cluster, 0)
-        if cap is not None and cluster_held + job.gpus > cap:
-            reasons[job.job_id] = (
-                f"cluster {job.cluster} has {cluster_held} of its {cap} GPUs admitted; "
-                f"this job needs {job.gpus}"
-            )
+        if why := _over_cap(job, by_cluster, limits):
+            reasons[job.job_id] = why
             blocked.add(job.cluster)
             continue
         admitted.append(job.job_id)
-        by_team[job.team] = team_held + job.gpus
-        by_cluster[job.cluster] = cluster_held + job.gpus
+        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
+        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
     return Decision(admitted, reasons)
+
+
+def _queues_by_team(waiting: list[Waiting]) -> dict[str, deque[Waiting]]:
+    """Each team's jobs in the order they would go, were the team alone."""
+    queues: dict[str, deque[Waiting]] = {}
+    for job in sorted(waiting, key=lambda j: (-j.priority, j.submitted_at, j.job_id)):
+        queues.setdefault(job.team, deque()).append(job)
+    return queues
+
+
+def _over_quota(job: Waiting, by_team: dict[str, int], limits: Limits) -> str | None:
+    quota = limits.team_quota.get(job.team)
+    held = by_team.get(job.team, 0)
+    if quota is not None and held + job.gpus > quota:
+        return f"team {job.team} holds {held} of its {quota}-GPU quota; this job needs {job.gpus}"
+    return None
+
+
+def _over_cap(job: Waiting, by_cluster: dict[str, int], limits: Limits) -> str | None:
+    cap = limits.cluster_cap.get(job.cluster)
+    held = by_cluster.get(job.cluster, 0)
+    if cap is not None and held + job.gpus > cap:
+        return (
+            f"cluster {job.cluster} has {held} of its {cap} GPUs admitted; "
+            f"this job needs {job.gpus}"
+        )
+    return None
 
 
 def never_fits(gpus: int, team: str, cluster: str, limits: Limits) -> str | None:

@@ -1,10 +1,13 @@
-"""Admission pass: move the PENDING jobs that fit to QUEUED (``service.core.admission`` decides).
+"""Admission: move PENDING jobs that fit to QUEUED (``service.core.admission`` decides).
 
-The API runs a pass right after storing a job, and the workers' periodic reconcile runs one
-every few seconds, so a job waiting for its team's quota starts once GPUs are released. Every
-pass first updates the single ``AdmissionTurn`` row: on PostgreSQL that row lock, on SQLite the
-database's one writer, lets only one pass decide at a time, so two passes never both admit
-into the last free GPUs.
+A submit admits only its own job, and only when no other job waits in its team or on its
+cluster: then no waiting job's turn depends on it, and the decision needs a few indexed reads
+and the ``HeldGpus`` counters, whatever the number of jobs. Otherwise the job stays PENDING for
+the full pass, which the workers' periodic reconcile runs every few seconds (and a quota change
+runs at once) over every waiting job, so a job waiting for GPUs starts once they are released.
+Both first update the single ``AdmissionTurn`` row: on PostgreSQL that row lock, on SQLite the
+database's one writer, lets one decision happen at a time, so two never both admit into the
+last free GPUs.
 """
 
 from __future__ import annotations
@@ -13,22 +16,21 @@ from collections.abc import Sequence
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import SelectOfScalar
 
-from service.core.admission import Held, Limits, Waiting, admit, never_fits
+from service.core.admission import Held, Limits, Waiting, admit, gpus_of, never_fits
 from service.core.clusters import ClusterProfile
 from service.core.states import JobStatus
+from service.db.held_gpus import held_by, held_everywhere
 from service.db.jobs import current_attempt
 from service.db.models import AdmissionTurn, Job, Team
 from service.db.transitions import move_job
 
-# Statuses in which a job holds its GPUs (from admission until it ends).
-HOLDING = (JobStatus.QUEUED, JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING)
 WAITING_PREFIX = "waiting: "
 
 
 def job_gpus(job: Job) -> int:
-    resources = job.spec["resources"]
-    return int(resources["nodes"]) * int(resources["gpus_per_node"])
+    return gpus_of(job.spec)
 
 
 def limits_of(teams: Sequence[Team], profiles: dict[str, ClusterProfile]) -> Limits:
@@ -41,12 +43,41 @@ def limits_of(teams: Sequence[Team], profiles: dict[str, ClusterProfile]) -> Lim
 
 def held(session: Session, team_names: dict[int, str]) -> Held:
     """GPUs held per team and per cluster by admitted, unfinished jobs."""
-    usage = Held()
-    for job in session.exec(select(Job).where(col(Job.status).in_(HOLDING))).all():
-        team = team_names[job.team_id]
-        usage.by_team[team] = usage.by_team.get(team, 0) + job_gpus(job)
-        usage.by_cluster[job.cluster] = usage.by_cluster.get(job.cluster, 0) + job_gpus(job)
-    return usage
+    return held_everywhere(session, team_names)
+
+
+def admit_submitted(session: Session, job: Job, team: Team, profile: ClusterProfile) -> bool:
+    """Admit the job just stored when it fits and no other waiting job could go before it;
+    otherwise leave it PENDING with the reason. True: admitted (launch it after the commit)."""
+    _take_turn(session)
+    cap = profile.max_gpus
+    limits = Limits(team_quota={team.name: team.gpu_quota}, cluster_cap={job.cluster: cap})
+    decision = admit([_waiting(job, team.name)], held_by(session, team, job.cluster), limits)
+    why = decision.waiting.get(job.id) or _decided_by_the_pass(session, job, team, cap)
+    if why is None:
+        return move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted", message="")
+    job.message = WAITING_PREFIX + why
+    session.add(job)
+    return False
+
+
+def _decided_by_the_pass(session: Session, job: Job, team: Team, cap: int | None) -> str | None:
+    """Why the full pass must decide: another job waits where it shares a limit with this one
+    (its team's quota, its cluster's cap). Without limits, waiting jobs never compete."""
+    others = select(Job.id).where(Job.status == JobStatus.PENDING, Job.id != job.id).limit(1)
+    if team.gpu_quota is not None and _any(session, others.where(Job.team_id == job.team_id)):
+        return f"other jobs of team {team.name} wait too; the next admission pass orders them"
+    if cap is not None and _any(session, others.where(Job.cluster == job.cluster)):
+        return f"other jobs wait for cluster {job.cluster}; the next admission pass orders them"
+    return None
+
+
+def _any(session: Session, query: SelectOfScalar[str]) -> bool:
+    return session.exec(query).first() is not None
+
+
+def _waiting(job: Job, team: str) -> Waiting:
+    return Waiting(job.id, team, job.cluster, gpus_of(job.spec), job.priority, job.created_at)
 
 
 def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list[str]:
@@ -58,12 +89,7 @@ def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list
         return []
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
-    waiting = [
-        Waiting(
-            job.id, names[job.team_id], job.cluster, job_gpus(job), job.priority, job.created_at
-        )
-        for job in pending
-    ]
+    waiting = [_waiting(job, names[job.team_id]) for job in pending]
     decision = admit(waiting, held(session, names), limits_of(teams, profiles))
     by_id = {job.id: job for job in pending}
     launches = []

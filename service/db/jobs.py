@@ -62,15 +62,19 @@ def create_job(
         spec_digest=digest,
         current_attempt=1,
     )
-    try:
-        with session.begin_nested():  # a concurrent POST with the same key loses here
-            session.add(job)
-            session.flush()
-    except IntegrityError:
-        existing = _job_by_key(session, user.team_id, idempotency_key or "")
-        if existing is None:
-            raise
-        return _same_spec_or_conflict(existing, digest), False
+    if idempotency_key is None:  # nothing to collide with: no savepoint's round trips
+        session.add(job)
+        session.flush()  # before its attempt and events, which refer to it
+    else:
+        try:
+            with session.begin_nested():  # a concurrent POST with the same key loses here
+                session.add(job)
+                session.flush()
+        except IntegrityError:
+            existing = _job_by_key(session, user.team_id, idempotency_key)
+            if existing is None:
+                raise
+            return _same_spec_or_conflict(existing, digest), False
     record_created(session, job, f"submitted by {user.name}")
     add_attempt(session, job, number=1, plan=plan, rung="advisor", backend=backend)
     return job, True

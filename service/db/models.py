@@ -40,6 +40,16 @@ class AdmissionTurn(SQLModel, table=True):
     turns: int = Field(default=0, sa_type=BigInteger)
 
 
+class HeldGpus(SQLModel, table=True):
+    """GPUs held by admitted, unfinished jobs per team and cluster, so that admitting one job
+    reads a few counters instead of every admitted job. Only ``service.db.transitions``
+    changes them, in the transaction that moves a job into or out of a holding status."""
+
+    team_id: int = Field(foreign_key="team.id", primary_key=True)
+    cluster: str = Field(primary_key=True, max_length=64)
+    gpus: int = 0
+
+
 class User(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(unique=True, index=True, max_length=64)
@@ -54,6 +64,9 @@ class Job(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("team_id", "idempotency_key", name="uq_job_team_idempotency_key"),
         Index("ix_job_team_created", "team_id", "created_at"),
+        # A submit asks "is anything waiting in my team, or on my cluster?" without a scan.
+        Index("ix_job_status_team", "status", "team_id"),
+        Index("ix_job_status_cluster", "status", "cluster"),
     )
 
     id: str = Field(default_factory=new_id, primary_key=True, max_length=16)

@@ -2,7 +2,9 @@
 
 Each move is a compare-and-set (``UPDATE ... WHERE id = ? AND status = old``) plus an event row,
 in the caller's transaction. When the row is no longer in an expected state, nothing is written
-and ``False`` comes back: another worker or a user got there first.
+and ``False`` comes back: another worker or a user got there first. A job moving into or out of
+a status that holds GPUs adds to or takes from its team's and cluster's ``HeldGpus`` counter in
+the same transaction, so the counters always agree with the statuses.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any, TypeVar
 from sqlalchemy import update
 from sqlmodel import Session, col
 
+from service.core.admission import HOLDING, gpus_of
 from service.core.states import (
     AttemptStatus,
     JobStatus,
     check_attempt_transition,
     check_job_transition,
 )
+from service.db.held_gpus import add_held
 from service.db.models import Attempt, Job, JobEvent, utcnow
 
 Status = TypeVar("Status", JobStatus, AttemptStatus)
@@ -96,7 +100,17 @@ def _compare_and_set(
         if result.rowcount == 1:  # type: ignore[attr-defined]
             event.from_status = old
             session.add(event)
+            if isinstance(row, Job):
+                _move_held_gpus(session, row, JobStatus(old), JobStatus(new))
             session.refresh(row)
             return True
     session.refresh(row)
     return False
+
+
+def _move_held_gpus(session: Session, job: Job, old: JobStatus, new: JobStatus) -> None:
+    """A job entering or leaving a holding status takes or releases its GPUs in the counters."""
+    if (old in HOLDING) == (new in HOLDING):
+        return
+    gpus = gpus_of(job.spec)
+    add_held(session, job.team_id, job.cluster, gpus if new in HOLDING else -gpus)

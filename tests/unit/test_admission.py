@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
-from service.core.admission import Held, Limits, Waiting, admit, never_fits
+from service.core.admission import Decision, Held, Limits, Waiting, admit, never_fits
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -102,3 +103,60 @@ def test_jobs_bigger_than_a_whole_limit_are_named_at_submission() -> None:
         "the job needs 128 GPUs and zeropilot admits at most 64 on a"
     )
     assert never_fits(8, "ml", "a", limits) is None
+
+
+def test_admission_decides_as_one_job_at_a_time_over_everything_waiting() -> None:
+    # The rules as first written: each step takes the best of all waiting jobs.
+    rng = random.Random(11)
+    for _ in range(300):
+        teams = [f"t{i}" for i in range(rng.randint(1, 4))]
+        waiting = [
+            job(f"j{i}", rng.choice(teams), gpus=rng.choice([1, 2, 4, 8]),
+                priority=rng.choice([10, 50, 90]), minute=rng.randint(0, 30),
+                cluster=rng.choice(["a", "b"]))
+            for i in range(rng.randint(0, 25))
+        ]  # fmt: skip
+        held = Held(by_team={t: rng.choice([0, 4, 8]) for t in teams}, by_cluster={"a": 8})
+        limits = Limits(
+            team_quota={t: rng.choice([None, 8, 16, 32]) for t in teams},
+            team_share={t: rng.randint(1, 3) for t in teams},
+            cluster_cap={"a": rng.choice([None, 16, 32]), "b": rng.choice([None, 24])},
+        )
+
+        assert admit(waiting, held, limits) == one_at_a_time(waiting, held, limits)
+
+
+def one_at_a_time(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
+    by_team, by_cluster = dict(held.by_team), dict(held.by_cluster)
+    left, admitted, reasons, blocked = list(waiting), [], {}, set()
+    while left:
+        best = min(
+            left,
+            key=lambda j: (
+                -j.priority,
+                by_team.get(j.team, 0) / max(limits.team_share.get(j.team, 1), 1),
+                j.submitted_at,
+                j.job_id,
+            ),
+        )
+        left.remove(best)
+        quota, cap = limits.team_quota.get(best.team), limits.cluster_cap.get(best.cluster)
+        team_held, cluster_held = by_team.get(best.team, 0), by_cluster.get(best.cluster, 0)
+        if best.cluster in blocked:
+            reasons[best.job_id] = f"behind an earlier job waiting for cluster {best.cluster}"
+        elif quota is not None and team_held + best.gpus > quota:
+            reasons[best.job_id] = (
+                f"team {best.team} holds {team_held} of its {quota}-GPU quota; "
+                f"this job needs {best.gpus}"
+            )
+        elif cap is not None and cluster_held + best.gpus > cap:
+            reasons[best.job_id] = (
+                f"cluster {best.cluster} has {cluster_held} of its {cap} GPUs admitted; "
+                f"this job needs {best.gpus}"
+            )
+            blocked.add(best.cluster)
+        else:
+            admitted.append(best.job_id)
+            by_team[best.team] = team_held + best.gpus
+            by_cluster[best.cluster] = cluster_held + best.gpus
+    return Decision(admitted, reasons)

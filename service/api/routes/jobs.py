@@ -25,7 +25,7 @@ from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import admit_pending, refusal
+from service.db.admission import admit_submitted, refusal
 from service.db.models import Job, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
@@ -72,14 +72,32 @@ def create_job(
         )
     except job_store.IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    launches = admit_pending(session, settings.cluster_profiles()) if created else []
-    session.commit()
-    for attempt_id in launches:
-        _enqueue(settings, LAUNCH_ATTEMPT, attempt_id)
-    if not created:
+    if not created:  # an Idempotency-Key replay: the stored job, as it is now
         response.status_code = status.HTTP_200_OK
-    session.refresh(job)
-    return _detail(session, job, team.name)
+        return _detail(session, job, team.name)
+    admitted = admit_submitted(session, job, team, profile)
+    attempt = job_store.current_attempt(session, job)
+    session.expire_on_commit = False  # the rows just written are the answer: no re-reads
+    session.commit()
+    if admitted and attempt is not None:
+        _enqueue(settings, LAUNCH_ATTEMPT, attempt.id)
+    return _new_job_detail(session, job, team.name)
+
+
+def _new_job_detail(session: Session, job: Job, team: str) -> JobDetail:
+    """A job just stored: no metrics or checkpoints yet."""
+    return JobDetail.model_validate(
+        {
+            **_fields(job),
+            "team": team,
+            "attempts": [
+                AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)
+            ],
+            "events": [EventPublic.model_validate(e) for e in job_store.events_of(session, job.id)],
+            "metrics": [],
+            "checkpoints": [],
+        }
+    )
 
 
 @router.get("", response_model=JobsPublic)
