@@ -20,6 +20,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col
 
+from service.checkpoint_paths import checkpoint_dir
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
@@ -33,7 +34,7 @@ from service.security import attempt_token
 from service.settings import Settings
 from workers.backends import get_backend
 from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
-from workers.render import write_json_once
+from workers.render import make_private_dir, write_json_once
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,11 @@ def build_request(
     settings: Settings, job: Job, attempt: Attempt, profile: ClusterProfile
 ) -> LaunchRequest:
     spec = JobSpec.model_validate(job.spec)
-    attempt_dir = settings.attempts_dir / attempt.backend_name
-    attempt_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(settings.attempts_dir)
+    attempt_dir = make_private_dir(settings.attempts_dir / attempt.backend_name)
     ds_config_path = attempt_dir / "ds_config.json"
     write_json_once(ds_config_path, attempt.plan["ds_config"])
-    checkpoint_dir = spec.checkpoint.dir or str(settings.data_dir / "jobs" / job.id / "checkpoints")
+    checkpoints = checkpoint_dir(settings.data_dir, job.id, job.spec)
     env = {
         **spec.env,
         "ZEROPILOT_URL": settings.public_url,
@@ -142,7 +143,7 @@ def build_request(
         "ZEROPILOT_ATTEMPT": str(attempt.number),
         "ZEROPILOT_ATTEMPT_ID": attempt.id,
         "ZEROPILOT_ATTEMPT_TOKEN": attempt_token(settings.secret_key(), attempt.id),
-        "ZEROPILOT_CHECKPOINT_DIR": checkpoint_dir,
+        "ZEROPILOT_CHECKPOINT_DIR": checkpoints,
         "ZEROPILOT_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
         "ZEROPILOT_DS_CONFIG": str(ds_config_path),
         "ZEROPILOT_ACTIVATION_CHECKPOINTING": "1"

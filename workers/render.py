@@ -52,11 +52,31 @@ def launcher_argv(
     ]
 
 
+# An attempt's folder holds its runtime token (launch.json, Slurm's node script): only the
+# service's own user may read it. Files are created with these modes, never chmod-ed later.
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` (mode 0700; missing parents as usual) unless it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file that is mode 0600 from the moment it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
 def write_json_once(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """Write ``payload`` unless the file exists; return what the file holds (idempotent renders)."""
     if not path.exists():
         draft = path.with_name(f".{path.name}.{os.getpid()}")
-        draft.write_text(json.dumps(payload, indent=2, sort_keys=True))
+        write_private(draft, json.dumps(payload, indent=2, sort_keys=True))
         try:  # a hard link never replaces: the first writer wins, concurrent ones read its file
             path.hardlink_to(draft)
         except FileExistsError:

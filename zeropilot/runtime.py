@@ -39,6 +39,7 @@ class Reporter:
     token: str | None = None
     timeout_s: float = 5.0
     _warned: bool = field(default=False, repr=False)
+    _expired: bool = field(default=False, repr=False)  # the API said the attempt has ended
 
     @classmethod
     def from_env(cls) -> Reporter:
@@ -50,7 +51,7 @@ class Reporter:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.url and self.attempt_id and self.token)
+        return bool(self.url and self.attempt_id and self.token) and not self._expired
 
     def metrics(
         self,
@@ -131,6 +132,10 @@ class Reporter:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
                 response.read()
+        except urllib.error.HTTPError as exc:
+            # 401 after the attempt ended or its job was cancelled: later reports would be too.
+            self._expired = exc.code == 401
+            self._warn_once(f"{kind} report refused ({exc.code}): {_detail(exc)}")
         except (urllib.error.URLError, OSError) as exc:
             self._warn_once(f"could not report {kind}: {exc}")
 
@@ -309,3 +314,12 @@ def _wait_for(path: str, wait_s: float) -> None:
         if time.monotonic() > give_up:
             raise TimeoutError(f"no {path} after {wait_s:.0f} s: is the checkpoint folder shared?")
         time.sleep(2.0)
+
+
+def _detail(error: urllib.error.HTTPError) -> str:
+    """The API's reason for a refusal (its ``detail``), or the status line."""
+    try:
+        detail = json.loads(error.read() or b"{}").get("detail", error.reason)
+    except (OSError, ValueError, AttributeError):
+        detail = error.reason
+    return str(detail)[:500]

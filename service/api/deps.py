@@ -10,7 +10,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
 from service.core.roles import Role
-from service.db.models import Attempt, User
+from service.core.states import AttemptStatus, JobStatus
+from service.db.models import Attempt, Job, User
 from service.db.session import get_engine
 from service.db.users import user_by_token
 from service.security import attempt_token_valid
@@ -87,7 +88,19 @@ def get_reporting_attempt(
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"attempt {attempt_id} not found")
+    if why := _token_expired(attempt, session.get(Job, attempt.job_id)):
+        raise _unauthorized(f"attempt token expired: {why}; reports are no longer accepted")
     return attempt
+
+
+def _token_expired(attempt: Attempt, job: Job | None) -> str | None:
+    """Why a valid token no longer holds: it lives as long as its attempt (a leftover process
+    of an ended or cancelled attempt cannot write metrics or checkpoints into the job)."""
+    if job is None or job.status == JobStatus.CANCELLED:
+        return f"job {attempt.job_id} was cancelled"
+    if AttemptStatus(attempt.status).terminal:
+        return f"attempt {attempt.number} of job {job.id} ended {attempt.status}"
+    return None
 
 
 ReportingAttempt = Annotated[Attempt, Depends(get_reporting_attempt)]

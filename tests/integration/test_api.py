@@ -149,13 +149,14 @@ def test_runtime_reports_need_the_attempts_own_token(
             ).status_code
             == 204
         )
-    checkpoint = {"step": 2, "path": "/ckpt/global_step2", "tag": "global_step2"}
+    folder = settings.data_dir / "jobs" / job["id"] / "checkpoints"  # ZEROPILOT_CHECKPOINT_DIR
+    checkpoint = {"step": 2, "path": str(folder / "global_step2"), "tag": "global_step2"}
     assert client.post(f"{url}/checkpoints", json=checkpoint, headers=good).status_code == 204
     failure = {"failure_class": "OOM_GPU", "message": "CUDA out of memory"}
     assert client.post(f"{url}/failure", json=failure, headers=good).status_code == 204
     detail = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["alice"])).json()
     assert [(m["step"], m["loss"]) for m in detail["metrics"]] == [(1, 2.5), (2, 1.9)]
-    assert detail["checkpoints"][0]["path"] == "/ckpt/global_step2"
+    assert detail["checkpoints"][0]["path"] == str(folder / "global_step2")
     assert "OOM_GPU" in detail["events"][-1]["reason"]
 
 

@@ -27,7 +27,12 @@ from workers.backends.base import (
     LaunchRequest,
     PermanentError,
 )
-from workers.render import launcher_argv, render_hostfile, write_json_once
+from workers.render import (
+    launcher_argv,
+    make_private_dir,
+    render_hostfile,
+    write_json_once,
+)
 
 # Variables a training process needs from the worker's environment; nothing else leaks through
 # (the worker's own settings may hold database passwords).
@@ -46,8 +51,7 @@ _PASSED_THROUGH = (
 
 
 def submit(request: LaunchRequest) -> str:
-    attempt_dir = request.attempt_dir
-    attempt_dir.mkdir(parents=True, exist_ok=True)
+    attempt_dir = make_private_dir(request.attempt_dir)
     entry = Path(request.entrypoint)
     if not (entry if entry.is_absolute() else request.working_dir / entry).is_file():
         raise PermanentError(

@@ -40,6 +40,7 @@ from workers.backends.slurm_render import (
     render_batch_script,
     render_node_script,
 )
+from workers.render import make_private_dir, write_private
 
 JOB_ID_FILE = "slurm_job_id"
 CANCEL_MARKER = "slurm_cancel_requested"
@@ -76,13 +77,12 @@ _TASK_EXIT = re.compile(r"srun: error: \S+: tasks? (\d+)(?:-(\d+))?: Exited with
 
 def submit(request: LaunchRequest) -> str:
     batch_script, node_script = render_batch_script(request), render_node_script(request)
-    attempt_dir = request.attempt_dir.absolute()
-    attempt_dir.mkdir(parents=True, exist_ok=True)
+    attempt_dir = make_private_dir(request.attempt_dir.absolute())
     with _submit_lock(attempt_dir):  # two workers retrying one launch submit once
         job_id = _existing_job(request, attempt_dir)
         if job_id is None:
-            (attempt_dir / NODE_SCRIPT).write_text(node_script)
-            (attempt_dir / BATCH_SCRIPT).write_text(batch_script)
+            write_private(attempt_dir / NODE_SCRIPT, node_script)  # it exports the token
+            write_private(attempt_dir / BATCH_SCRIPT, batch_script)
             job_id = _sbatch(request.profile, attempt_dir)
     return encode_ref(job_id, attempt_dir)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, status
+from fastapi.exceptions import RequestValidationError
 
-from service.api.deps import ReportingAttempt, SessionDep
+from service.api.deps import ReportingAttempt, SessionDep, SettingsDep
 from service.api.schemas import CheckpointReport, DeviceReport, FailureReport, MetricReport
+from service.checkpoint_paths import checkpoint_dir, lies_within
 from service.db import jobs as job_store
-from service.db.models import JobEvent
+from service.db.models import Job, JobEvent
 
 router = APIRouter(prefix="/v1/runtime/attempts/{attempt_id}", tags=["runtime"])
 
@@ -20,8 +22,15 @@ def report_metrics(report: MetricReport, attempt: ReportingAttempt, session: Ses
 
 @router.post("/checkpoints", status_code=status.HTTP_204_NO_CONTENT)
 def report_checkpoint(
-    report: CheckpointReport, attempt: ReportingAttempt, session: SessionDep
+    report: CheckpointReport, attempt: ReportingAttempt, session: SessionDep, settings: SettingsDep
 ) -> None:
+    job = session.get(Job, attempt.job_id)
+    folder = checkpoint_dir(settings.data_dir, attempt.job_id, job.spec if job else {})
+    if not lies_within(folder, report.path):  # a resume point elsewhere could be anyone's files
+        why = f"must lie inside the attempt's checkpoint folder {folder}"
+        raise RequestValidationError(
+            [{"loc": ("body", "path"), "msg": why, "type": "value_error", "input": report.path}]
+        )
     job_store.record_checkpoint(session, attempt, report.step, report.path, report.tag)
     session.commit()
 
