@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 import uuid
@@ -19,11 +20,13 @@ from zeropilot.cli_common import (
     api_client,
     call_api,
     console,
+    err,
+    fail,
     print_json,
     read_mapping,
 )
 from zeropilot.cli_teams import teams_app
-from zeropilot.client import Client
+from zeropilot.client import Client, GaveUp
 
 app = typer.Typer(help="Run DeepSpeed training jobs on shared GPU clusters.", no_args_is_help=True)
 users_app = typer.Typer(
@@ -67,7 +70,9 @@ def submit(
 ) -> None:
     """Submit a training job. With --wait, exit 0 only if it SUCCEEDED."""
     client = api_client()
-    job = call_api(client.submit, load_spec(file), idempotency_key or str(uuid.uuid4()))
+    spec = load_spec(file)
+    key = idempotency_key or str(uuid.uuid4())  # one key for every try of this command
+    job = _submit(client, spec, key, file)
     if not as_json:
         console.print(f"job [bold]{job['id']}[/bold] ({job['name']}) {job['status']}")
         _print_plan(job["plan"], job.get("advice_reason", ""))
@@ -77,6 +82,22 @@ def submit(
         print_json(job)
     if wait and job["status"] != "SUCCEEDED":
         raise typer.Exit(1)
+
+
+def _submit(client: Client, spec: dict[str, Any], key: str, file: Path) -> dict[str, Any]:
+    """Send the job, trying again through an outage; on giving up, say how to get it safely."""
+    try:
+        job: dict[str, Any] = call_api(client.submit, spec, key, on_retry=_say_retrying)
+    except GaveUp as exc:
+        if not exc.maybe_stored:
+            fail(f"{exc}; nothing was sent. Is `zeropilot up` running?")
+        again = shlex.join(["zeropilot", "submit", str(file), "--idempotency-key", key])
+        fail(f"{exc}. The job may have been stored: `{again}` returns it, never a second one.")
+    return job
+
+
+def _say_retrying(reason: str, delay: float, number: int, tries: int) -> None:
+    err.print(f"{reason}, retrying in {delay:g} s ({number}/{tries})", highlight=False)
 
 
 def _print_plan(plan: dict[str, Any], reason: str) -> None:

@@ -6,7 +6,6 @@ without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,15 +52,7 @@ def inline_hf_config(spec: dict[str, Any], base: Path, config: Path | None = Non
         return
     path = Path(model["hf_config"])
     path = path if path.is_absolute() else base / path
-    try:
-        content = json.loads(path.read_text())
-    except OSError as exc:
-        fail(f"model.hf_config: cannot read {path}: {exc.strerror}", 2)
-    except json.JSONDecodeError as exc:
-        fail(f"model.hf_config: {path} is not valid JSON: {exc}", 2)
-    if not isinstance(content, dict):
-        fail(f"model.hf_config: {path} must hold a JSON object", 2)
-    model["hf_config"] = content
+    model["hf_config"] = read_mapping(path, "a Hugging Face config", field="model.hf_config")
 
 
 def load_job(

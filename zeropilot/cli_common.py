@@ -33,17 +33,65 @@ def print_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML/JSON file holding a mapping, or exit 2 naming what is wrong with it."""
+MAX_FILE_BYTES = 1 << 20  # a spec or config is kilobytes; a megabyte is a mistake or an attack
+
+
+class AliasRefused(yaml.YAMLError):
+    """A YAML anchor or alias: one line of aliases can expand into gigabytes once sent."""
+
+    def __init__(self, mark: yaml.Mark | None) -> None:
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        super().__init__(
+            f"YAML anchors and aliases (&name, *name, <<: *name) are not accepted{where}; "
+            "write the values out"
+        )
+
+
+class _PlainSafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses anchors and aliases before composing them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise AliasRefused(event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def read_mapping(path: Path, what: str, field: str = "") -> dict[str, Any]:
+    """A YAML or JSON file holding a mapping (``.json``: JSON only), or exit 2 naming the
+    problem, and ``field``, the spec field that named the file, if one did."""
+    where = f"{field}: " if field else ""
+    text = _read_text(path, where, what)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc.strerror}", 2)
-    except yaml.YAMLError as exc:
-        fail(f"{path} is not valid YAML/JSON: {exc}", 2)
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.load(text, Loader=_PlainSafeLoader)  # noqa: S506 (it is a SafeLoader)
+    except AliasRefused as exc:
+        fail(f"{where}{path}: {exc}", 2)
+    except (yaml.YAMLError, ValueError) as exc:
+        kind = "JSON" if path.suffix.lower() == ".json" else "YAML/JSON"
+        fail(f"{where}{path} is not valid {kind}: {exc}", 2)
+    except RecursionError:
+        fail(f"{where}{path} is nested too deeply to read", 2)
     if not isinstance(data, dict):
-        fail(f"{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
+        fail(f"{where}{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
     return data
+
+
+def _read_text(path: Path, where: str, what: str) -> str:
+    """The file's text, refused unread beyond MAX_FILE_BYTES (a pipe or device included)."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        fail(f"{where}cannot read {path}: {exc.strerror}", 2)
+    if len(raw) > MAX_FILE_BYTES:
+        fail(f"{where}{path} is over 1 MiB ({MAX_FILE_BYTES:,} bytes), the limit for {what}", 2)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{where}{path} is not UTF-8 text: {exc.reason} at byte {exc.start}", 2)
 
 
 def api_client() -> Client:

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
+import uuid
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
 from typing import Any, cast
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8321"
+SUBMIT_TRIES = 5
+BACKOFF_S = (1, 2, 4, 8)  # waits after a lost connection; a 503's Retry-After comes first
+RETRY_AFTER_MAX_S = 60.0  # a longer Retry-After is not worth holding a terminal for
+
+# (why, seconds until the next try, its number, of how many): e.g. to print a progress line.
+OnRetry = Callable[[str, float, int, int], None]
 
 
 class ApiError(Exception):
     """The API answered with an error status; ``detail`` is its explanation."""
 
-    def __init__(self, status_code: int, detail: Any) -> None:
+    def __init__(self, status_code: int, detail: Any, retry_after: str | None = None) -> None:
         super().__init__(f"HTTP {status_code}: {format_detail(detail)}")
         self.status_code = status_code
         self.detail = detail
+        self.retry_after = retry_after  # the Retry-After header, if the answer had one
+
+
+class GaveUp(Exception):
+    """Every try of a request the server may have stored failed; ``reason`` says the last."""
+
+    def __init__(self, reason: str, tries: int, idempotency_key: str, maybe_stored: bool) -> None:
+        super().__init__(f"{reason}; gave up after {tries} tries")
+        self.reason = reason
+        self.tries = tries
+        self.idempotency_key = idempotency_key
+        self.maybe_stored = maybe_stored  # False: no try ever reached the server
 
 
 def format_detail(detail: Any) -> str:
@@ -36,9 +59,46 @@ class Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/v1/jobs", json=spec, headers=headers)
+    def submit(
+        self,
+        spec: dict[str, Any],
+        idempotency_key: str | None = None,
+        tries: int = SUBMIT_TRIES,
+        on_retry: OnRetry | None = None,
+    ) -> dict[str, Any]:
+        """Store a job. A lost connection or a 503 sends it again with the same
+        Idempotency-Key, so a try the server stored before its answer was lost returns that
+        job instead of a second one; raises ``GaveUp`` when the last try fails too."""
+        key = idempotency_key or str(uuid.uuid4())
+        maybe_stored = False
+        for number in range(1, tries + 1):
+            try:
+                return self._call("POST", "/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+            except (ApiError, httpx.TransportError) as exc:
+                reason = self._retry_reason(exc)
+                if reason is None:
+                    raise  # an answer to act on (a refusal, a conflict), not an outage
+                maybe_stored |= not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if number == tries:
+                    raise GaveUp(reason, tries, key, maybe_stored) from exc
+                delay = retry_delay(exc, number)
+                if on_retry is not None:
+                    on_retry(reason, delay, number + 1, tries)
+                time.sleep(delay)
+        raise ValueError(f"tries must be at least 1, not {tries}")
+
+    def _retry_reason(self, exc: Exception) -> str | None:
+        """Why a try may be sent again, or None when its answer is final."""
+        if isinstance(exc, ApiError):
+            if exc.status_code != 503:
+                return None
+            text = format_detail(exc.detail)
+            return "database unavailable" if "database" in text else "service unavailable (503)"
+        if isinstance(exc, httpx.ConnectError):
+            return f"cannot connect to {self.url}"
+        if isinstance(exc, httpx.TimeoutException):
+            return f"no answer from {self.url} in time"
+        return f"connection to {self.url} lost before the answer"
 
     def list_jobs(
         self, status: str | None = None, limit: int = 50, offset: int = 0
@@ -98,5 +158,22 @@ class Client:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
-            raise ApiError(response.status_code, detail)
+            raise ApiError(response.status_code, detail, response.headers.get("Retry-After"))
         return response
+
+
+def retry_delay(exc: Exception, number: int) -> float:
+    """Seconds before the next try: the server's Retry-After (seconds or an HTTP date), else
+    the backoff for this try's number."""
+    backoff = float(BACKOFF_S[min(number, len(BACKOFF_S)) - 1])
+    hint = exc.retry_after if isinstance(exc, ApiError) else None
+    if not hint:
+        return backoff
+    try:
+        seconds = float(hint)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(hint).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return backoff
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else backoff

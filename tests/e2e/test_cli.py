@@ -7,19 +7,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.e2e.faults import AnswerDroppingProxy, database_refusing
 from tests.e2e.stack import Api, Stack
 from tests.integration.helpers import tiny_spec
 
 pytestmark = pytest.mark.slow
 
 
-def zeropilot(stack: Stack, token: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ZEROPILOT_URL": stack.url, "ZEROPILOT_TOKEN": token}
+def zeropilot(
+    stack: Stack, token: str, *argv: str, url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ZEROPILOT_URL": url or stack.url, "ZEROPILOT_TOKEN": token}
     return subprocess.run(
         [sys.executable, "-m", "zeropilot.cli", *argv],
         env=env,
@@ -95,3 +99,33 @@ def test_cancel_stops_a_running_job(stack: Stack, api: Api, token: str) -> None:
         time.sleep(1)
     result_file = json.loads((attempt_dir / "result.json").read_text())
     assert result_file["cancelled"] is True
+
+
+def test_submit_whose_answer_was_lost_stores_one_job(
+    stack: Stack, api: Api, token: str, tmp_path: Path
+) -> None:
+    proxy = AnswerDroppingProxy(stack.port, drop=1)  # the server stores the job, the answer is lost
+    result = zeropilot(stack, token, "submit", str(spec_file(tmp_path)), "--json", url=proxy.url)
+    proxy.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"connection to {proxy.url} lost before the answer, retrying in 1 s (2/5)"
+    ]
+    listing = api.http.get("/v1/jobs").json()
+    assert [job["id"] for job in listing["data"]] == [json.loads(result.stdout)["id"]]
+
+
+def test_submit_waits_out_a_database_outage(
+    stack: Stack, api: Api, token: str, tmp_path: Path, postgres_url: str
+) -> None:
+    env = {**os.environ, "ZEROPILOT_URL": stack.url, "ZEROPILOT_TOKEN": token}
+    argv = [sys.executable, "-m", "zeropilot.cli", "submit", str(spec_file(tmp_path)), "--json"]
+    with database_refusing(postgres_url):
+        cli = subprocess.Popen(argv, env=env, stdout=PIPE, stderr=PIPE, text=True)
+        assert cli.stderr is not None
+        first_retry = cli.stderr.readline()  # the outage lasts until the CLI has met it
+    out, rest = cli.communicate(timeout=120)
+    assert first_retry == "database unavailable, retrying in 5 s (2/5)\n", first_retry + rest
+    assert cli.returncode == 0, rest
+    listing = api.http.get("/v1/jobs").json()
+    assert [job["id"] for job in listing["data"]] == [json.loads(out)["id"]]

@@ -16,20 +16,17 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Lock
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import redis
 
-from tests.conftest import POSTGRES_ADMIN_DSN
+from tests.e2e.faults import database_refusing
 from tests.e2e.stack import Api, Stack, free_port
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -195,27 +192,6 @@ def submit_until_accepted(
             raise AssertionError(f"{response.status_code}: {response.text}")
         time.sleep(float(response.headers.get("Retry-After", "1")))
     raise AssertionError(f"submit {key} never accepted")
-
-
-@contextmanager
-def database_refusing(database_url: str) -> Iterator[None]:
-    """PostgreSQL refuses every connection to this test's database and drops the open ones.
-
-    ALLOW_CONNECTIONS false is PostgreSQL's own refusal (a FATAL at connect, as during a
-    restart), and it touches only this test's database: other tests sharing the server go on.
-    A TCP proxy would need the stack re-pointed at it and would fake only a network drop.
-    """
-    name = database_url.rsplit("/", 1)[1]
-    with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-            (name,),
-        )
-        try:
-            yield
-        finally:
-            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
 OUTAGE_S = 20

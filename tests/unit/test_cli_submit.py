@@ -1,0 +1,197 @@
+"""``zeropilot submit`` through outages: one Idempotency-Key for every try, 503's Retry-After
+honoured, a bounded number of tries with a line on stderr for each, and spec files refused
+before anything is sent. The server is a scripted HTTP server on loopback; the real one, its
+database outage and a lost answer are in tests/e2e/test_cli.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from threading import Thread
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from zeropilot.cli import app
+from zeropilot.client import RETRY_AFTER_MAX_S, retry_delay
+
+Answer = tuple[int, dict[str, str], dict[str, Any]]  # status, headers, JSON body
+JOB = {"id": "j1", "name": "tiny", "status": "QUEUED", "plan": {}, "advice_reason": ""}
+OUTAGE: Answer = (503, {"Retry-After": "0"}, {"detail": "the database is unavailable; retry"})
+STORED: Answer = (201, {}, JOB)
+
+
+class ScriptedApi:
+    """Answers POST /v1/jobs from a script, in order, and records each Idempotency-Key."""
+
+    def __init__(self, answers: list[Answer]) -> None:
+        self.answers = answers
+        self.keys: list[str | None] = []
+        script = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                script.keys.append(self.headers.get("Idempotency-Key"))
+                code, headers, body = script.answers[min(len(script.keys), len(answers)) - 1]
+                payload = json.dumps(body).encode()
+                self.send_response(code)
+                for name, value in {**headers, "Content-Length": str(len(payload))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def scripted() -> Iterator[list[ScriptedApi]]:
+    made: list[ScriptedApi] = []
+    yield made
+    for api in made:
+        api.server.shutdown()
+        api.server.server_close()
+
+
+def serve(scripted: list[ScriptedApi], *answers: Answer) -> ScriptedApi:
+    api = ScriptedApi(list(answers))
+    scripted.append(api)
+    return api
+
+
+def spec(tmp_path: Path, text: str = "name: tiny\nentrypoint: train.py\n") -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def submit(url: str, *argv: str) -> Result:
+    env = {"ZEROPILOT_URL": url, "ZEROPILOT_TOKEN": "t", "XDG_CONFIG_HOME": "/nonexistent"}
+    return CliRunner().invoke(app, ["submit", *argv], env=env)
+
+
+def test_outage_is_retried_with_one_key_until_the_job_is_stored(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    api = serve(scripted, OUTAGE, OUTAGE, STORED)
+    result = submit(api.url, str(spec(tmp_path)))
+    assert result.exit_code == 0, result.output
+    assert len(api.keys) == 3 and len(set(api.keys)) == 1 and api.keys[0]
+    assert result.stderr.splitlines() == [
+        "database unavailable, retrying in 0 s (2/5)",
+        "database unavailable, retrying in 0 s (3/5)",
+    ]
+    assert "job j1 (tiny) QUEUED" in result.stdout
+
+
+def test_a_given_key_is_sent_on_every_try(scripted: list[ScriptedApi], tmp_path: Path) -> None:
+    api = serve(scripted, OUTAGE, STORED)
+    result = submit(api.url, str(spec(tmp_path)), "--idempotency-key", "nightly-42")
+    assert result.exit_code == 0, result.output
+    assert api.keys == ["nightly-42", "nightly-42"]
+
+
+def test_gives_up_after_five_tries_and_names_the_key_to_retry_with(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    api = serve(scripted, OUTAGE)
+    path = spec(tmp_path)
+    result = submit(api.url, str(path))
+    assert result.exit_code == 1
+    assert len(api.keys) == 5 and len(set(api.keys)) == 1
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: database unavailable; gave up after 5 tries.")
+    assert f"`zeropilot submit {path} --idempotency-key {api.keys[0]}` returns it" in last
+
+
+@pytest.mark.parametrize(
+    ("answer", "exit_code"),
+    [
+        ((422, {}, {"detail": [{"loc": ["body", "name"], "msg": "bad name"}]}), 2),
+        ((409, {}, {"detail": "Idempotency-Key was already used for job j0"}), 1),
+        ((500, {}, {"detail": "Internal Server Error"}), 1),
+    ],
+)
+def test_an_answer_other_than_503_is_not_retried(
+    scripted: list[ScriptedApi],
+    tmp_path: Path,
+    answer: Answer,
+    exit_code: int,
+) -> None:
+    api = serve(scripted, answer)
+    result = submit(api.url, str(spec(tmp_path)))
+    assert (result.exit_code, len(api.keys)) == (exit_code, 1)
+    assert "retrying" not in result.stderr
+
+
+def test_no_server_backs_off_and_says_nothing_was_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr("zeropilot.client.time.sleep", waits.append)
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    result = submit(url, str(spec(tmp_path)))
+    assert result.exit_code == 1
+    assert waits == [1, 2, 4, 8]
+    assert result.stderr.splitlines()[0] == f"cannot connect to {url}, retrying in 1 s (2/5)"
+    assert "gave up after 5 tries; nothing was sent" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("5", 5.0),
+        ("0", 0.0),
+        ("-3", 0.0),
+        ("86400", RETRY_AFTER_MAX_S),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: now
+        ("Fri, 01 Jan 9999 00:00:00 GMT", RETRY_AFTER_MAX_S),
+        ("soon", 2.0),  # unreadable: the backoff of the second try
+        ("nan", 2.0),
+    ],
+)
+def test_retry_after_in_seconds_or_as_a_date(header: str, seconds: float) -> None:
+    from zeropilot.client import ApiError
+
+    assert retry_delay(ApiError(503, "away", header), 2) == seconds
+
+
+BILLION_LAUGHS = """\
+a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+name: tiny
+"""
+
+
+def test_yaml_aliases_are_refused_and_nothing_is_sent(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    api = serve(scripted, STORED)
+    result = submit(api.url, str(spec(tmp_path, BILLION_LAUGHS)))
+    assert result.exit_code == 2
+    assert "YAML anchors and aliases (&name, *name, <<: *name) are not accepted" in result.stderr
+    assert "(line 1, column 4)" in result.stderr
+    assert api.keys == []
+
+
+def test_a_spec_over_one_mib_is_refused_and_nothing_is_sent(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    api = serve(scripted, STORED)
+    path = spec(tmp_path, "name: tiny\nargs: [" + '"x", ' * 300_000 + "]\n")
+    result = submit(api.url, str(path))
+    assert result.exit_code == 2
+    assert f"{path} is over 1 MiB (1,048,576 bytes), the limit for a job spec" in result.stderr
+    assert api.keys == []
