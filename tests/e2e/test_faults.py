@@ -170,6 +170,7 @@ class Answers:
 
     codes: Counter[int] = field(default_factory=Counter)
     unhinted_503: int = 0
+    lost_connections: int = 0  # e.g. a keep-alive connection the server closed as it was reused
     lock: Lock = field(default_factory=Lock)
 
     def record(self, response: httpx.Response) -> None:
@@ -182,9 +183,16 @@ class Answers:
 def submit_until_accepted(
     http: httpx.Client, spec: dict[str, Any], key: str, answers: Answers
 ) -> str:
-    """POST the spec with one Idempotency-Key, honouring 503's Retry-After, as the CLI does."""
+    """POST the spec with one Idempotency-Key until it is stored, as the CLI does: again after
+    a 503 (once its Retry-After has passed) or a lost connection."""
     for _ in range(20):
-        response = http.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+        try:
+            response = http.post("/v1/jobs", json=spec, headers={"Idempotency-Key": key})
+        except httpx.TransportError:
+            with answers.lock:
+                answers.lost_connections += 1
+            time.sleep(1)
+            continue
         answers.record(response)
         if response.status_code in (200, 201):
             return str(response.json()["id"])
@@ -219,7 +227,10 @@ def test_database_outage_answers_503_and_loses_no_submit(
         with database_refusing(postgres_url):
             time.sleep(OUTAGE_S)
         accepted = [job_id for future in futures for job_id in future.result()]
-    print(f"{OUTAGE_S} s outage, answers to 30 submits with retries: {dict(answers.codes)}")
+    print(
+        f"{OUTAGE_S} s outage, 30 submits: answers {dict(answers.codes)}, "
+        f"{answers.lost_connections} connections lost"
+    )
     assert answers.codes[503] > 0 and answers.unhinted_503 == 0, answers.codes
     assert set(answers.codes) <= {200, 201, 503}, answers.codes  # never a 500
     assert len(set(accepted)) == len(accepted) == 30
