@@ -96,6 +96,9 @@ def _compare_and_set(
             update(table)
             .where(col(table.id) == row.id, col(table.status) == old)
             .values(status=new, updated_at=now, **fields)
+            # The refresh below reloads the row; matching every object the session holds
+            # against the criteria would cost a pass over all of them per move.
+            .execution_options(synchronize_session=False)
         )
         if result.rowcount == 1:  # type: ignore[attr-defined]
             event.from_status = old

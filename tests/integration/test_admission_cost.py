@@ -1,0 +1,140 @@
+"""A submit costs the database the same with 10 or 1,000 jobs already stored.
+
+Counted, not timed: the SQL statements one POST /v1/jobs sends and the rows they return, on
+PostgreSQL, once with 10 jobs stored and again with 1,000. Admission per submit reads counters
+and indexed "is anything waiting here?" probes; only the workers' periodic pass scans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlmodel import Session, select
+
+from service.api.app import create_app
+from service.core.advisor import advise
+from service.core.clusters import LOCAL_PROFILE
+from service.core.spec import JobSpec
+from service.db.admission import admit_pending
+from service.db.jobs import spec_digest
+from service.db.migrate import upgrade
+from service.db.models import Job, Team, User
+from service.db.session import get_engine
+from service.settings import AuthSettings, BrokerSettings, DatabaseSettings, Settings
+from tests.integration.helpers import auth, three_users, tiny_spec
+
+
+@dataclass
+class Cost:
+    statements: int = 0
+    rows: int = 0
+
+
+@pytest.fixture
+def pg_settings(postgres_url: str, redis_url: str, tmp_path: Path) -> Settings:
+    upgrade(postgres_url)
+    return Settings(
+        data_dir=tmp_path / "data",
+        db=DatabaseSettings(url=postgres_url),
+        broker=BrokerSettings(url=redis_url),
+        auth=AuthSettings(secret_key="test-secret-key"),
+    )
+
+
+@pytest.fixture
+def client(pg_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(pg_settings)) as test_client:
+        yield test_client
+
+
+def store_jobs(database_url: str, user_name: str, count: int, admit: bool) -> None:
+    """``count`` more jobs of the user (rows only, one batch), admitted by the periodic pass
+    (QUEUED, holding GPUs) or left PENDING."""
+    spec = JobSpec.model_validate(tiny_spec("backlog"))
+    plan = advise(spec, LOCAL_PROFILE).plan.model_dump(mode="json")
+    with Session(get_engine(database_url)) as session:
+        user = session.exec(select(User).where(User.name == user_name)).one()
+        session.add_all(
+            Job(name=spec.name, team_id=user.team_id, user_id=user.id or 0, cluster="local",
+                spec=spec.model_dump(mode="json"), plan=plan, spec_digest=spec_digest(spec))
+            for _ in range(count)
+        )  # fmt: skip
+        session.flush()
+        if admit:
+            admit_pending(session, {LOCAL_PROFILE.name: LOCAL_PROFILE})
+        session.commit()
+
+
+def set_quota(database_url: str, team_name: str, gpus: int) -> None:
+    with Session(get_engine(database_url)) as session:
+        team = session.exec(select(Team).where(Team.name == team_name)).one()
+        team.gpu_quota = gpus
+        session.add(team)
+        session.commit()
+
+
+def counted_submit(client: TestClient, database_url: str, token: str) -> tuple[Cost, Any]:
+    """Submit one job and count what it asked of the database."""
+    cost = Cost()
+
+    def before(*_: Any) -> None:
+        cost.statements += 1
+
+    def after(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if cursor.description is not None:  # a statement that returns rows
+            cost.rows += max(cursor.rowcount, 0)
+
+    engine = get_engine(database_url)
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        response = client.post("/v1/jobs", json=tiny_spec("measured"), headers=auth(token))
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+        event.remove(engine, "after_cursor_execute", after)
+    assert response.status_code == 201, response.text
+    return cost, response.json()
+
+
+def test_an_admitted_submit_costs_the_same_beside_10_or_1000_admitted_jobs(
+    client: TestClient, pg_settings: Settings
+) -> None:
+    url = pg_settings.database_url
+    tokens = three_users(url)
+    store_jobs(url, "bob", 10, admit=True)
+    counted_submit(client, url, tokens["root"])  # warm: connections, the first queries
+
+    small, first = counted_submit(client, url, tokens["alice"])
+    store_jobs(url, "bob", 990, admit=True)
+    large, second = counted_submit(client, url, tokens["alice"])
+
+    assert first["status"] == second["status"] == "QUEUED"
+    assert (large.statements, large.rows) == (small.statements, small.rows)
+
+
+def test_a_waiting_submit_costs_the_same_behind_10_or_1000_waiting_jobs(
+    client: TestClient, pg_settings: Settings
+) -> None:
+    url = pg_settings.database_url
+    tokens = three_users(url)
+    set_quota(url, "vision", 8)
+    store_jobs(url, "alice", 10, admit=False)  # waiting for the periodic pass
+    store_jobs(url, "bob", 10, admit=False)
+    counted_submit(client, url, tokens["root"])
+
+    small, first = counted_submit(client, url, tokens["alice"])
+    store_jobs(url, "alice", 990, admit=False)
+    store_jobs(url, "bob", 990, admit=False)
+    large, second = counted_submit(client, url, tokens["alice"])
+
+    assert first["status"] == second["status"] == "PENDING"
+    assert second["message"] == (
+        "waiting: other jobs of team vision wait too; the next admission pass orders them"
+    )
+    assert (large.statements, large.rows) == (small.statements, small.rows)
