@@ -7,11 +7,14 @@ from fastapi import Depends, FastAPI
 from service.api import console, observe
 from service.api.deps import get_current_user
 from service.api.docs import mount_docs
-from service.api.errors import install_error_handlers
+from service.api.errors import error_responses, install_error_handlers
 from service.api.routes import advice, health, jobs, prometheus, runtime, teams, users
 from service.logs import configure_logging
 from service.metrics import install_transition_metrics
 from service.settings import Settings, get_settings
+
+# Any /v1 route may meet an unreadable or oversized body, a lost database or the deadline.
+V1_ERRORS = error_responses(400, 413, 503, 504)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -25,13 +28,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     mount_docs(app)
     install_error_handlers(app)
     app.state.settings = settings = settings or get_settings()
-    for module in (health, jobs, runtime, teams, users, prometheus):
-        app.include_router(module.router)
+    app.include_router(health.router, responses=error_responses(504))
+    app.include_router(prometheus.router)
+    for module in (jobs, runtime, teams, users):
+        app.include_router(module.router, responses=V1_ERRORS)
     configure_logging(settings.log.format, settings.log.level)
     install_transition_metrics()
     observe.install(app)
     console.mount(app)
     # Advice is pure computation, but still only for known users, on the configured clusters.
-    app.include_router(advice.router, dependencies=[Depends(get_current_user)])
+    app.include_router(
+        advice.router,
+        dependencies=[Depends(get_current_user)],
+        responses=error_responses(401) | V1_ERRORS,
+    )
     app.dependency_overrides[advice.cluster_profiles] = settings.cluster_profiles
     return app

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.core.messages import plain_message
@@ -53,6 +54,29 @@ async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
     )
+
+
+class ErrorPublic(BaseModel):
+    """A refusal: one sentence, or (422) the fields with the rule each one broke."""
+
+    detail: str | list[dict[str, Any]]
+
+
+WHY = {
+    400: "The body could not be read as JSON",
+    401: "No bearer token, or not a known one",
+    403: "The token's user may not do this",
+    404: "No such resource in your team",
+    409: "Conflicts with the resource's state",
+    413: "The request body is over the size limit",
+    503: "The database is unavailable: retry after Retry-After seconds",
+    504: "The request ran past the deadline",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the errors a route may answer, so clients (and fuzzers) know them."""
+    return {code: {"model": ErrorPublic, "description": WHY[code]} for code in codes}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -107,7 +107,8 @@ class LogsPublic(BaseModel):
 class Report(BaseModel):
     """What a training process sends: finite numbers within the columns' ranges."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: true is not a step and "5" is not a byte count, as the OpenAPI schema says
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class MetricReport(Report):

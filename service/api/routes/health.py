@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from service.api.deps import SessionDep, SettingsDep
@@ -18,7 +19,16 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+class Readiness(BaseModel):
+    status: str  # ready | unavailable
+    reason: str | None = None
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready, and why"}},
+)
 def readyz(session: SessionDep, settings: SettingsDep) -> JSONResponse:
     """The database answers and its schema is at the latest migration."""
     try:

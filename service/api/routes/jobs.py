@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlmodel import Session, select
 
 from service.api.deps import CurrentUser, SessionDep, SettingsDep, WriterUser
+from service.api.errors import error_responses
 from service.api.schemas import (
     AttemptPublic,
     CheckpointPublic,
@@ -33,10 +34,15 @@ from service.metrics import ADVISOR_SECONDS
 from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobDetail)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobDetail,
+    responses=error_responses(403, 409),
+)
 def create_job(
     spec: JobSpec,
     user: WriterUser,
@@ -100,7 +106,25 @@ def _new_job_detail(session: Session, job: Job, team: str) -> JobDetail:
     )
 
 
-@router.get("", response_model=JobsPublic)
+# A listing leads to its first job (OpenAPI links: clients and stateful fuzzers follow them).
+FIRST_JOB = {"job_id": "$response.body#/data/0/id"}
+LIST_LINKS = {
+    name: {"operationRef": f"#/paths/~1v1~1jobs~1{{job_id}}{suffix}", "parameters": FIRST_JOB}
+    for name, suffix in [
+        ("GetJob", "/get"),
+        ("CancelJob", "~1cancel/post"),
+        ("JobLogs", "~1logs/get"),
+        ("JobMetrics", "~1metrics/get"),
+        ("JobCheckpoints", "~1checkpoints/get"),
+    ]
+}
+
+
+@router.get(
+    "",
+    response_model=JobsPublic,
+    responses=error_responses(403, 404) | {200: {"description": "Jobs", "links": LIST_LINKS}},
+)
 def list_jobs(
     user: CurrentUser,
     session: SessionDep,
@@ -116,13 +140,13 @@ def list_jobs(
     return JobsPublic(data=[_public(job, names[job.team_id]) for job in rows], count=count)
 
 
-@router.get("/{job_id}", response_model=JobDetail)
+@router.get("/{job_id}", response_model=JobDetail, responses=error_responses(404))
 def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
     job = _visible_job(session, user, job_id)
     return _detail(session, job, _team_names(session)[job.team_id])
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(403, 404, 409))
 def cancel_job(
     job_id: str, user: WriterUser, session: SessionDep, settings: SettingsDep
 ) -> JobPublic:
@@ -141,7 +165,7 @@ def cancel_job(
     return _public(job, _team_names(session)[job.team_id])
 
 
-@router.get("/{job_id}/logs", response_model=LogsPublic)
+@router.get("/{job_id}/logs", response_model=LogsPublic, responses=error_responses(404))
 def job_logs(
     job_id: str,
     user: CurrentUser,
@@ -172,7 +196,7 @@ def job_logs(
     return LogsPublic(attempt=number, text=text)
 
 
-@router.get("/{job_id}/metrics", response_model=list[MetricPublic])
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic], responses=error_responses(404))
 def job_metrics(
     job_id: str,
     user: CurrentUser,
@@ -186,7 +210,11 @@ def job_metrics(
     return [MetricPublic.model_validate(p) for p in points]
 
 
-@router.get("/{job_id}/checkpoints", response_model=list[CheckpointPublic])
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=list[CheckpointPublic],
+    responses=error_responses(404),
+)
 def job_checkpoints(job_id: str, user: CurrentUser, session: SessionDep) -> list[CheckpointPublic]:
     job = _visible_job(session, user, job_id)
     return [CheckpointPublic.model_validate(c) for c in job_store.checkpoints_of(session, job.id)]

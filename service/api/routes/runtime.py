@@ -6,12 +6,17 @@ from fastapi import APIRouter, status
 from fastapi.exceptions import RequestValidationError
 
 from service.api.deps import ReportingAttempt, SessionDep, SettingsDep
+from service.api.errors import error_responses
 from service.api.schemas import CheckpointReport, DeviceReport, FailureReport, MetricReport
 from service.checkpoint_paths import checkpoint_dir, lies_within
 from service.db import jobs as job_store
 from service.db.models import Job, JobEvent
 
-router = APIRouter(prefix="/v1/runtime/attempts/{attempt_id}", tags=["runtime"])
+router = APIRouter(
+    prefix="/v1/runtime/attempts/{attempt_id}",
+    tags=["runtime"],
+    responses=error_responses(401, 404),
+)
 
 
 @router.post("/metrics", status_code=status.HTTP_204_NO_CONTENT)

@@ -6,6 +6,7 @@ from fastapi import APIRouter, HTTPException, status
 from sqlmodel import Session, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
+from service.api.errors import error_responses
 from service.api.schemas import TeamPublic, TeamUpdate
 from service.core.admission import Held
 from service.core.states import JobStatus
@@ -13,7 +14,7 @@ from service.db.admission import admit_pending, held
 from service.db.models import Job, Team
 from service.tasks import LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
-router = APIRouter(prefix="/v1/teams", tags=["teams"])
+router = APIRouter(prefix="/v1/teams", tags=["teams"], responses=error_responses(401))
 
 
 @router.get("", response_model=list[TeamPublic])
@@ -27,7 +28,7 @@ def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
     return [_public(session, team, usage) for team in teams]
 
 
-@router.patch("/{name}", response_model=TeamPublic)
+@router.patch("/{name}", response_model=TeamPublic, responses=error_responses(403, 404))
 def update_team(
     name: str, body: TeamUpdate, _admin: AdminUser, session: SessionDep, settings: SettingsDep
 ) -> TeamPublic:

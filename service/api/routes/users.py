@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from service.api.errors import error_responses
 from service.api.deps import CurrentUser, SessionDep
+from service.api.errors import error_responses
 from service.api.schemas import Me, UserCreate, UserCreated
 from service.core.roles import Role, may_create_user
 from service.db.models import Team
