@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # A marker line the failure classifier also finds in the log tail when the API is unreachable.
@@ -46,7 +47,7 @@ class Reporter:
         return cls(
             url=os.environ.get("ZEROPILOT_URL"),
             attempt_id=os.environ.get("ZEROPILOT_ATTEMPT_ID"),
-            token=os.environ.get("ZEROPILOT_ATTEMPT_TOKEN"),
+            token=os.environ.get("ZEROPILOT_ATTEMPT_TOKEN") or _token_from_file(),
         )
 
     @property
@@ -323,3 +324,12 @@ def _detail(error: urllib.error.HTTPError) -> str:
     except (OSError, ValueError, AttributeError):
         detail = error.reason
     return str(detail)[:500]
+
+
+def _token_from_file() -> str | None:
+    """On Kubernetes the token is a file from the attempt's Secret, not an env value."""
+    path = os.environ.get("ZEROPILOT_ATTEMPT_TOKEN_FILE")
+    try:
+        return (Path(path).read_text().strip() or None) if path else None
+    except OSError:
+        return None

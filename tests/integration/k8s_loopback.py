@@ -56,6 +56,7 @@ RESOURCES = {
     "jobs": ("Job", "batch", "batch/v1"),
     "services": ("Service", "", "v1"),
     "configmaps": ("ConfigMap", "", "v1"),
+    "secrets": ("Secret", "", "v1"),
     "pods": ("Pod", "", "v1"),
 }
 _PATH = re.compile(

@@ -11,6 +11,7 @@ node's kubelet port, graceful deletions confirmed. Each test runs in its own nam
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
@@ -33,6 +34,7 @@ from service.db.migrate import upgrade
 from service.db.models import Attempt, Job
 from service.db.session import get_engine
 from service.db.users import create_user, user_by_token
+from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
 from tests.integration.helpers import REPO, tiny_spec
 from tests.integration.k8s_control_plane import ControlPlane, write_kubeconfig
@@ -915,6 +917,13 @@ def test_the_worker_launches_and_follows_a_job_to_succeeded(
     _argv, env = kubelet_view(kubelet.pod(ns, pods[0]))
     assert env["ZEROPILOT_ATTEMPT_ID"] == attempt_id
     assert env["ZEROPILOT_DS_CONFIG"] == "/etc/zeropilot/ds_config.json"
+    # The token is not in the pod spec: a file from the attempt's Secret, owned by the Job.
+    token = attempt_token(settings.secret_key(), attempt_id)
+    assert token not in json.dumps(kubelet.pod(ns, pods[0]))
+    assert env["ZEROPILOT_ATTEMPT_TOKEN_FILE"] == "/etc/zeropilot/attempt-token"
+    secret = kubelet.api.get(f"/api/v1/namespaces/{ns}/secrets/{attempt.backend_name}").json()
+    assert base64.b64decode(secret["data"]["attempt-token"]).decode() == token
+    assert secret["metadata"]["ownerReferences"][0]["name"] == attempt.backend_name
 
 
 def test_the_worker_records_a_quota_rejection_as_a_launch_error(

@@ -8,6 +8,8 @@ k8s.io/kubernetes third_party/forked/golang/expansion), not by reading the text.
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from workers.backends.kubernetes_render import (
     master_port,
     render_config_map,
     render_job,
+    render_secret,
     render_service,
 )
 
@@ -174,7 +177,12 @@ def test_a_nul_byte_is_refused() -> None:
 def test_env_is_defaults_then_profile_then_job_then_the_pods_own_paths(tmp_path: Path) -> None:
     launch = request(
         tmp_path,
-        env={"NCCL_SOCKET_IFNAME": "ib0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "MY_FLAG": "1"},
+        env={
+            "NCCL_SOCKET_IFNAME": "ib0",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+            "MY_FLAG": "1",
+            "ZEROPILOT_ATTEMPT_TOKEN": "zpa_0123",
+        },
     )
     env = {entry["name"]: entry["value"] for entry in container_env(launch)}
 
@@ -185,7 +193,18 @@ def test_env_is_defaults_then_profile_then_job_then_the_pods_own_paths(tmp_path:
         "PYTHONUNBUFFERED": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
         "ZEROPILOT_DS_CONFIG": "/etc/zeropilot/ds_config.json",  # the mount, not the worker's path
+        "ZEROPILOT_ATTEMPT_TOKEN_FILE": "/etc/zeropilot/attempt-token",  # from the Secret
     }
+
+
+def test_the_token_is_in_the_attempts_secret_not_in_the_pod_spec(tmp_path: Path) -> None:
+    launch = request(tmp_path, env={"ZEROPILOT_ATTEMPT_TOKEN": "zpa_0123"})
+
+    secret = render_secret(launch, "uid-1")
+
+    assert "zpa_0123" not in json.dumps(render_job(launch))
+    assert base64.b64decode(secret["data"]["attempt-token"]) == b"zpa_0123"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"  # goes with the Job
 
 
 def test_an_invalid_env_name_is_refused(tmp_path: Path) -> None:
@@ -203,7 +222,10 @@ def test_each_node_gets_its_gpus_host_memory_and_a_memory_backed_dev_shm(tmp_pat
     mounts = {m["mountPath"]: m["name"] for m in trainer(job)["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
-    assert volumes[mounts["/etc/zeropilot"]]["configMap"] == {"name": NAME}
+    assert volumes[mounts["/etc/zeropilot"]]["projected"]["sources"] == [
+        {"configMap": {"name": NAME}},
+        {"secret": {"name": NAME}},  # the runtime token, as the file attempt-token
+    ]
 
 
 @pytest.mark.parametrize(

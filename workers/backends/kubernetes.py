@@ -1,9 +1,11 @@
-"""The Kubernetes backend: per attempt an Indexed Job, a headless Service and a ConfigMap.
+"""The Kubernetes backend: per attempt an Indexed Job, a headless Service, a ConfigMap and a
+Secret (the runtime token).
 
-The reference is ``"<namespace>/<name>"``. ``submit`` creates the Job first, then the ConfigMap
-and the Service with the Job as their owner, so the garbage collector removes them with it (the
-Job's pods wait for the ConfigMap to mount). A retried submit meets 409 AlreadyExists for what an
-earlier try created, adopts it when it carries this attempt's label, and creates the rest.
+The reference is ``"<namespace>/<name>"``. ``submit`` creates the Job first, then the Secret,
+the ConfigMap and the Service with the Job as their owner, so the garbage collector removes them
+with it (the Job's pods wait for the volume they project to mount). A retried submit meets 409
+AlreadyExists for what an earlier try created, adopts it when it carries this attempt's label,
+and creates the rest.
 
 ``poll`` reads the Job's conditions and its pods: why a pod waits (queue, scheduler, image), how
 each node's container ended (exit code, OOMKilled), whether a pod was disrupted (preemption,
@@ -54,6 +56,7 @@ from workers.backends.kubernetes_render import (
     namespace_of,
     render_config_map,
     render_job,
+    render_secret,
     render_service,
 )
 from workers.backends.kubernetes_status import (
@@ -104,8 +107,16 @@ def submit(request: LaunchRequest) -> str:
     )
     uid = created["metadata"]["uid"]
     config_map = render_config_map(request, ds_config, uid)
+    secret = render_secret(request, uid)
     service = render_service(request, uid)
     try:
+        _create_or_adopt(
+            request,
+            f"Secret {namespace}/{name}",
+            lambda: core.create_namespaced_secret(namespace, secret, **_RAW),
+            lambda: core.read_namespaced_secret(name, namespace, **_RAW),
+            owner_uid=uid,
+        )
         _create_or_adopt(
             request,
             f"ConfigMap {namespace}/{name}",
@@ -378,6 +389,7 @@ def _delete_attempt(batch: Any, core: Any, namespace: str, name: str) -> None:
     for kind, delete in (
         ("Service", core.delete_namespaced_service),
         ("ConfigMap", core.delete_namespaced_config_map),
+        ("Secret", core.delete_namespaced_secret),
     ):
         _delete(f"{kind} {namespace}/{name}", delete, name, namespace, "Background")
 

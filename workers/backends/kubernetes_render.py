@@ -13,6 +13,7 @@ is pure: nothing here talks to a cluster.
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 import zlib
@@ -28,6 +29,11 @@ CONTAINER = "trainer"
 CONFIG_DIR = "/etc/zeropilot"
 HOSTFILE_KEY = "hostfile"
 DS_CONFIG_KEY = "ds_config.json"
+# The runtime token travels in a Secret projected next to the ConfigMap's files, not as an env
+# value in the pod spec (which anyone who may read Jobs or Pods could read).
+TOKEN_KEY = "attempt-token"  # noqa: S105 (names, not secrets)
+TOKEN_ENV = "ZEROPILOT_ATTEMPT_TOKEN"  # noqa: S105
+TOKEN_FILE_ENV = "ZEROPILOT_ATTEMPT_TOKEN_FILE"  # noqa: S105
 DEFAULT_PYTHON = "python3"  # the image's interpreter; the worker's own path means nothing there
 ATTEMPT_LABEL = "zeropilot.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "zeropilot"}
@@ -106,6 +112,19 @@ def render_config_map(request: LaunchRequest, ds_config: str, job_uid: str) -> d
     }
 
 
+def render_secret(request: LaunchRequest, job_uid: str) -> dict[str, Any]:
+    """The attempt's runtime token; the pods read it as a file (the volume waits for it)."""
+    name = checked_name(request)
+    token = request.env.get(TOKEN_ENV, "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(request, owner=owner_reference(name, job_uid)),
+        "type": "Opaque",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
 def render_service(request: LaunchRequest, job_uid: str) -> dict[str, Any]:
     """Headless: no virtual IP, one DNS record per pod, published before the pod is ready."""
     name = checked_name(request)
@@ -172,7 +191,9 @@ def container_env(request: LaunchRequest) -> list[dict[str, str]]:
         **request.profile.nccl_env,
         **request.env,
         "ZEROPILOT_DS_CONFIG": f"{CONFIG_DIR}/{DS_CONFIG_KEY}",
+        TOKEN_FILE_ENV: f"{CONFIG_DIR}/{TOKEN_KEY}",
     }
+    merged.pop(TOKEN_ENV, None)  # in the Secret, not in the pod spec
     for variable in merged:
         _checked(_ENV_NAME, "environment variable name", variable, None)
         if variable in RESERVED_ENV:
@@ -211,7 +232,7 @@ def _pod_spec(request: LaunchRequest) -> dict[str, Any]:
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables from every Service around
         "containers": [_container(request)],
         "volumes": [
-            {"name": "zeropilot", "configMap": {"name": name}},
+            {"name": "zeropilot", "projected": {"sources": _config_sources(name)}},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # NCCL and dataloaders need it
         ],
     }
@@ -222,6 +243,11 @@ def _pod_spec(request: LaunchRequest) -> dict[str, Any]:
         claim = {"claimName": request.profile.shared_volume_claim}
         spec["volumes"].append({"name": "shared", "persistentVolumeClaim": claim})
     return spec
+
+
+def _config_sources(name: str) -> list[dict[str, Any]]:
+    """Hostfile and ds_config from the ConfigMap, the token from the Secret, in one folder."""
+    return [{"configMap": {"name": name}}, {"secret": {"name": name}}]
 
 
 def _container(request: LaunchRequest) -> dict[str, Any]:
