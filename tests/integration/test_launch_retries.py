@@ -9,13 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from service.db.migrate import upgrade
 from service.db.session import get_engine
 from service.db.users import create_user
+from service.settings import Settings
 from tests.e2e.stack import Api, Stack
-from tests.integration.helpers import tiny_spec
+from tests.integration.helpers import auth, tiny_spec
+from workers.launch import launch_attempt
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +81,20 @@ def test_a_launch_error_ends_the_attempt_after_its_tries_and_frees_the_quota(
     assert len([line for line in lines if "launch of attempt" in line]) == TRIES
     assert "Traceback" not in log
     assert max(len(line) for line in log.splitlines()) < 2_000  # no kilobyte paths in the log
+
+
+def test_a_launch_that_cannot_even_render_is_counted_the_same_way(
+    settings: Settings, client: TestClient, tokens: dict[str, str]
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    attempt_id = job["attempts"][0]["id"]
+    settings.attempts_dir.parent.mkdir(parents=True, exist_ok=True)
+    settings.attempts_dir.write_text("")  # a file where the attempts folder must be
+
+    waits = [launch_attempt(settings, attempt_id) for _ in range(TRIES)]
+
+    assert waits == [5.0, 5.0, None]  # 5 s, then doubled but capped at the 5 s lease; then done
+    ended = client.get(f"/v1/jobs/{job['id']}", headers=auth(tokens["alice"])).json()
+    assert (ended["status"], ended["failure_class"]) == ("FAILED", "LAUNCH_ERROR")
+    assert ended["message"].startswith("FileExistsError: [Errno 17] File exists")
+    assert launch_attempt(settings, attempt_id) is None  # a late re-send finds nothing to do
