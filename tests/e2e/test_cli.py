@@ -129,3 +129,21 @@ def test_submit_waits_out_a_database_outage(
     assert cli.returncode == 0, rest
     listing = api.http.get("/v1/jobs").json()
     assert [job["id"] for job in listing["data"]] == [json.loads(out)["id"]]
+
+
+def test_a_resubmit_with_the_same_key_returns_the_job_and_another_spec_is_refused(
+    stack: Stack, api: Api, token: str, tmp_path: Path
+) -> None:
+    path = spec_file(tmp_path)
+    first, again = (
+        zeropilot(stack, token, "submit", str(path), "--idempotency-key", "k1", "--json")
+        for _ in range(2)
+    )
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    assert json.loads(first.stdout)["id"] == json.loads(again.stdout)["id"]
+    changed = zeropilot(
+        stack, token, "submit", str(spec_file(tmp_path, steps=7)), "--idempotency-key", "k1"
+    )
+    assert changed.returncode == 1
+    assert "409: Idempotency-Key was already used for job" in changed.stderr
+    assert api.http.get("/v1/jobs").json()["count"] == 1
