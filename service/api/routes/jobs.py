@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -20,14 +21,15 @@ from service.api.schemas import (
     LogsPublic,
     MetricPublic,
 )
-from service.core.advisor import NoPlanFits, advise
+from service.core.advice_memo import advise_once
+from service.core.advisor import NoPlanFits
 from service.core.clusters import ClusterProfile
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
 from service.db.admission import admit_submitted, refusal
-from service.db.models import Job, Team, User
+from service.db.models import Attempt, Job, JobEvent, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
 from service.metrics import ADVISOR_SECONDS
@@ -61,7 +63,7 @@ def create_job(
         raise _unprocessable("resources", why)
     try:
         with ADVISOR_SECONDS.labels("/v1/jobs").time():
-            advice = advise(spec, profile)
+            advice = advise_once(spec, profile)
     except NoPlanFits as exc:
         raise _unprocessable("resources", str(exc)) from exc
     except ValueError as exc:  # e.g. zero.overrides that break the batch identity
@@ -82,24 +84,24 @@ def create_job(
         response.status_code = status.HTTP_200_OK
         return _detail(session, job, team.name)
     admitted = admit_submitted(session, job, team, profile)
-    attempt = job_store.current_attempt(session, job)
-    session.expire_on_commit = False  # the rows just written are the answer: no re-reads
+    session.expire_on_commit = False  # the job as written is the answer: no re-read
     session.commit()
-    if admitted and attempt is not None:
-        _enqueue(settings, LAUNCH_ATTEMPT, attempt.id)
-    return _new_job_detail(session, job, team.name)
+    attempts = job_store.attempts_of(session, job.id)
+    if admitted:
+        _enqueue(settings, LAUNCH_ATTEMPT, attempts[0].id)
+    return _new_job_detail(job, team.name, attempts, job_store.events_of(session, job.id))
 
 
-def _new_job_detail(session: Session, job: Job, team: str) -> JobDetail:
+def _new_job_detail(
+    job: Job, team: str, attempts: Sequence[Attempt], events: Sequence[JobEvent]
+) -> JobDetail:
     """A job just stored: no metrics or checkpoints yet."""
     return JobDetail.model_validate(
         {
             **_fields(job),
             "team": team,
-            "attempts": [
-                AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)
-            ],
-            "events": [EventPublic.model_validate(e) for e in job_store.events_of(session, job.id)],
+            "attempts": [AttemptPublic.model_validate(a) for a in attempts],
+            "events": [EventPublic.model_validate(e) for e in events],
             "metrics": [],
             "checkpoints": [],
         }

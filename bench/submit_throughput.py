@@ -1,0 +1,300 @@
+"""Submit throughput and latency: zeropilot's POST /v1/jobs beside ``sbatch --hold``, same run.
+
+Both systems get the same treatment: measured at backlog 0, then filled with ``--backlog`` jobs
+that stay queued (zeropilot: admitted, QUEUED, no worker runs them; Slurm: held), then measured
+again. Each measurement sends ``--submits`` submits from 1 and from 4 concurrent clients and
+reports submits/s and p50/p99 latency. One table at the end; load average beside each row.
+
+zeropilot: a fresh PostgreSQL database (dropped at the end) and Redis DB 14 unless given; the API
+is started here as ``tests/e2e/stack.py`` does (uvicorn, ZEROPILOT_* variables) with
+``--api-workers`` processes, or pointed at with ``--api-url`` and ``--token``.
+Slurm: a controller of its own in ``--slurm-dir`` on ports of its own with a MaxJobCount above
+the backlog (the shared test cluster keeps Slurm's default of 10,000 jobs, and other sessions
+use it). Held jobs never reach a node, so no slurmd is started.
+
+Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--no-slurm]
+  a small run: --backlog 500 --submits 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.submit_backends import fill_zeropilot_backlog, start_slurmctld, zeropilot_users
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN_DSN = os.environ.get(
+    "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    system: str
+    backlog: int
+    clients: int
+    submits: int
+    seconds: float
+    latencies: list[float]
+    load: str
+
+    @property
+    def rate(self) -> float:
+        return self.submits / self.seconds
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_clients(
+    submit_one: Callable[[int], None], submits: int, clients: int
+) -> tuple[float, list[float]]:
+    """Send ``submits`` submits from ``clients`` threads; return (wall seconds, latencies)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(submits))
+
+    def client() -> None:
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            started = time.perf_counter()
+            submit_one(index)
+            with lock:
+                latencies.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started, latencies
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def job_spec(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "entrypoint": "train_tiny.py",
+        "working_dir": str(REPO / "examples"),
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128},
+        "training": {"sequence_length": 32, "global_batch_size": 8, "precision": "fp32"},
+        "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2},
+    }
+
+
+class ZeropilotClient:
+    """One keep-alive HTTP client per thread, as a CLI or SDK user running in a loop has."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.local = threading.local()
+
+    def submit(self, index: int) -> None:
+        http = getattr(self.local, "http", None)
+        if http is None:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            http = self.local.http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        response = http.post("/v1/jobs", json=job_spec(f"bench-{index}"))
+        if response.status_code != 201:
+            raise RuntimeError(f"submit answered {response.status_code}: {response.text[:300]}")
+
+
+def sbatch_submit(conf: Path, script: Path) -> Callable[[int], None]:
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+
+    def submit(index: int) -> None:
+        argv = ["sbatch", "--hold", "--parsable", f"--job-name=bench-{index}", str(script)]
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+
+    return submit
+
+
+def measure(
+    system: str, submit: Callable[[int], None], backlog: int, args: argparse.Namespace
+) -> list[Result]:
+    results = []
+    for clients in args.clients:
+        submit(0)  # warm: connections, caches
+        seconds, latencies = run_clients(submit, args.submits, clients)
+        result = Result(system, backlog, clients, args.submits, seconds, latencies, load_average())
+        print(row(result), flush=True)
+        results.append(result)
+    return results
+
+
+def row(result: Result) -> str:
+    return (
+        f"{result.system:<10} {result.backlog:>8} {result.clients:>7} {result.submits:>7} "
+        f"{result.rate:>9.1f} {result.percentile(0.5) * 1000:>8.1f} "
+        f"{result.percentile(0.99) * 1000:>8.1f}   {result.load}"
+    )
+
+
+HEADER = (
+    f"{'system':<10} {'backlog':>8} {'clients':>7} {'submits':>7} {'submits/s':>9} "
+    f"{'p50 ms':>8} {'p99 ms':>8}   load average"
+)
+
+
+@contextmanager
+def bench_database() -> Iterator[str]:
+    name = f"zp_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        from service.db.session import get_engine
+
+        get_engine(f"{base}/{name}").dispose()
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def api_process(database_url: str, redis_url: str, workers: int, data_dir: Path) -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "ZEROPILOT_DATA_DIR": str(data_dir),
+        "ZEROPILOT_DB__URL": database_url,
+        "ZEROPILOT_BROKER__URL": redis_url,
+        "ZEROPILOT_AUTH__SECRET_KEY": "bench-secret",
+        "ZEROPILOT_API__PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": str(data_dir / "prometheus"),
+    }
+    (data_dir / "prometheus").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            "--workers", str(workers)]  # fmt: skip
+    with (data_dir / "api.log").open("ab") as log:
+        process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("the API did not become ready")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--backlog", type=int, default=10_000, help="jobs queued before the second measurement"
+    )
+    parser.add_argument("--submits", type=int, default=400, help="submits per measurement")
+    parser.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4])
+    parser.add_argument("--api-workers", type=int, default=2, help="uvicorn --workers")
+    parser.add_argument("--api-url", help="an API already running (then --token is needed)")
+    parser.add_argument("--token", help="a member's token for --api-url")
+    parser.add_argument("--database-url", help="the database of --api-url, to fill the backlog")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--slurm-dir", type=Path, default=Path("/tmp/zp-bench-slurm"))
+    parser.add_argument("--no-slurm", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    results: list[Result] = []
+    print(HEADER, flush=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="zp-bench-") as tmp,
+        _sbatch(args) as sbatch,
+        _zeropilot(args, Path(tmp)) as (client, database_url),
+    ):
+        systems = [("zeropilot", client.submit)] + ([("sbatch", sbatch)] if sbatch else [])
+        for name, submit in systems:
+            results += measure(name, submit, 0, args)
+        fill_backlogs(args.backlog, database_url, sbatch)
+        for name, submit in systems:
+            results += measure(name, submit, args.backlog, args)
+    redis.Redis.from_url(args.redis_url).flushdb()
+    print("\n" + HEADER)
+    for result in results:
+        print(row(result))
+
+
+def fill_backlogs(jobs: int, database_url: str, sbatch: Callable[[int], None] | None) -> None:
+    started = time.perf_counter()
+    fill_zeropilot_backlog(database_url, jobs)
+    print(f"zeropilot: {jobs} jobs waiting, stored in {time.perf_counter() - started:.0f} s")
+    if sbatch:
+        started = time.perf_counter()
+        run_clients(sbatch, jobs, 4)
+        print(f"slurm: {jobs} jobs held, submitted in {time.perf_counter() - started:.0f} s")
+
+
+@contextmanager
+def _sbatch(args: argparse.Namespace) -> Iterator[Callable[[int], None] | None]:
+    if args.no_slurm:
+        yield None
+        return
+    with start_slurmctld(args.slurm_dir) as conf:
+        script = args.slurm_dir / "held.sh"
+        script.write_text("#!/bin/sh\n# held by the bench, never run\ntrue\n")
+        yield sbatch_submit(conf, script)
+
+
+@contextmanager
+def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotClient, str]]:
+    redis.Redis.from_url(args.redis_url).flushdb()
+    if args.api_url:
+        yield ZeropilotClient(args.api_url, args.token), args.database_url
+        return
+    with bench_database() as database_url:
+        token = zeropilot_users(database_url)
+        with api_process(database_url, args.redis_url, args.api_workers, tmp) as url:
+            yield ZeropilotClient(url, token), database_url
+
+
+if __name__ == "__main__":
+    main()
