@@ -156,7 +156,7 @@ def test_emptied_broker_loses_no_job(
     broker = redis.Redis.from_url(redis_url)
     accepted = [api.submit(workload.spec(f"flush-{n}"))["id"] for n in range(6)]
     assert broker.llen("celery") == len(accepted)  # six launch tasks wait in the broker
-    start_worker(stack, workload, "w1", fault_pause_before_submit_s="1")
+    start_worker(stack, workload, "w1", fault_pause_before_submit_s="2")  # tasks pile up
     wait_for_jobs(api, stack, 1, {"LAUNCHING"})
     waiting = broker.llen("celery")
     assert waiting > 0
