@@ -94,7 +94,9 @@ class Client:
                 return None
             text = format_detail(exc.detail)
             return "database unavailable" if "database" in text else "service unavailable (503)"
-        if isinstance(exc, httpx.ConnectError):
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+            return None  # this side's mistake (the URL, the request): trying again cannot help
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return f"cannot connect to {self.url}"
         if isinstance(exc, httpx.TimeoutException):
             return f"no answer from {self.url} in time"

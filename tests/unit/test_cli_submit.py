@@ -148,6 +148,16 @@ def test_no_server_backs_off_and_says_nothing_was_sent(
     assert "gave up after 5 tries; nothing was sent" in result.stderr
 
 
+def test_a_url_this_side_got_wrong_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr("zeropilot.client.time.sleep", waits.append)
+    result = submit("htp://127.0.0.1:8321", str(spec(tmp_path)))
+    assert (result.exit_code, waits) == (1, [])
+    assert "unsupported protocol 'htp://'" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("header", "seconds"),
     [
