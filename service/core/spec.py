@@ -110,6 +110,16 @@ class ModelSpec(Strict):
             )
         return value
 
+    @field_validator("hf_config")
+    @classmethod
+    def _config_readable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # here, not in the model check, so that a refusal's location is model.hf_config
+        from service.core.advisor.hf_config import read_hf_config  # it imports this module
+
+        if value is not None:
+            read_hf_config(value)
+        return value
+
     @model_validator(mode="after")
     def _shape_or_count(self) -> ModelSpec:
         shape = (self.hidden_size, self.num_layers, self.num_heads, self.vocab_size)
@@ -131,13 +141,8 @@ class ModelSpec(Strict):
         return self
 
     def _check_hf_config(self, shape: tuple[int | None, ...]) -> ModelSpec:
-        # imported here: the advisor package imports this module
-        from service.core.advisor.hf_config import read_hf_config
-
         if any(v is not None for v in (*shape, self.num_kv_heads, self.ffn_size)):
             raise ValueError("give either model.hf_config or the shape fields, not both")
-        assert self.hf_config is not None
-        read_hf_config(self.hf_config)
         return self
 
 

@@ -43,6 +43,7 @@ def model(**changes: Any) -> dict[str, Any]:
     return {"model": {**shape, **changes}}
 
 
+DEEP_LLAMA = {"model_type": "llama", "num_hidden_layers": 10**7}
 SPEC_CASES = [
     (training(learning_rate=INF), "training.learning_rate"),
     (training(gradient_clipping=NAN), "training.gradient_clipping"),
@@ -50,6 +51,10 @@ SPEC_CASES = [
     (training(global_batch_size=4 * 10**7), "training.global_batch_size"),
     (model(num_layers=10**7), "model.num_layers"),
     ({"model": {"parameters": 10**30}}, "model.parameters"),
+    (
+        {"model": {"hf_config": {"model_type": "llama", "num_hidden_layers": 10**7}}},
+        "model.hf_config",
+    ),
     ({"zero": {"overrides": nested(800)}}, "zero.overrides"),
     ({"zero": {"overrides": {"reduce_bucket_size": NAN}}}, "zero.overrides"),
     ({"entrypoint": "train\x00.py"}, "entrypoint"),

@@ -16,6 +16,7 @@ import transformers
 from pydantic import ValidationError
 
 from service.core.advisor.shape import ModelShape, resolve_shape
+from service.core.limits import MAX_LAYERS
 from service.core.spec import ModelSpec
 
 SMALL = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 120}
@@ -133,7 +134,7 @@ def test_a_huge_model_resolves_without_per_layer_work() -> None:
     config = {
         "model_type": "llama",
         "hidden_size": 16384,
-        "num_hidden_layers": 10_000_000,
+        "num_hidden_layers": MAX_LAYERS,
         "num_attention_heads": 128,
         "intermediate_size": 53248,
         "vocab_size": 128256,
@@ -142,7 +143,7 @@ def test_a_huge_model_resolves_without_per_layer_work() -> None:
     shape = resolve_shape(ModelSpec(hf_config=config))
 
     assert len(shape.tensor_counts()) == 9 + 3  # one block's tensors, embeddings, norm, head
-    assert shape.parameters > 10**16
+    assert shape.parameters > 10**14
 
 
 @pytest.mark.parametrize(
@@ -156,6 +157,14 @@ def test_a_huge_model_resolves_without_per_layer_work() -> None:
         (
             {**SMALL, "model_type": "llama", "intermediate_size": -1},
             "model.hf_config.intermediate_size must be a positive integer",
+        ),
+        (
+            {**SMALL, "model_type": "llama", "num_hidden_layers": MAX_LAYERS + 1},
+            "model.hf_config.num_hidden_layers (100001) is over the limit of 100000",
+        ),
+        (
+            {**SMALL, "model_type": "llama", "num_attention_heads": 128, "intermediate_size": 96},
+            "model.hf_config.num_attention_heads (128) must not exceed hidden_size (64)",
         ),
         (
             {**SMALL, "model_type": "mistral", "intermediate_size": 96, "num_key_value_heads": 3},

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.core.limits import MAX_DIMENSION, MAX_LAYERS, MAX_TOKENS
+
 FIELD = "model.hf_config"
 
 
@@ -35,12 +37,17 @@ class Architecture:
     last_tensors: tuple[int, ...]  # after the blocks: final norm, untied head
 
 
-def _int(config: dict[str, Any], *names: str, default: int | None = None) -> int:
+def _int(
+    config: dict[str, Any], *names: str, default: int | None = None, most: int = MAX_DIMENSION
+) -> int:
+    """A positive size, no larger than the shape fields allow (``most``)."""
     for name in names:
         value = config.get(name)
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{FIELD}.{name} must be a positive integer, not {value!r}")
+            if value > most:
+                raise ValueError(f"{FIELD}.{name} ({value}) is over the limit of {most}")
             return value
     if default is None:
         raise ValueError(f"{FIELD}.{names[0]} is missing")
@@ -67,11 +74,11 @@ def _gated_mlp(h: int, f: int, bias: bool) -> list[int]:
 
 
 def _llama_like(c: dict[str, Any], family: str) -> Architecture:
-    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers", most=MAX_LAYERS)
     heads = _int(c, "num_attention_heads")
     kv = _int(c, "num_key_value_heads", default=heads)
     head_dim = _int(c, "head_dim", default=256 if family == "gemma" else h // heads)
-    f, vocab = _int(c, "intermediate_size"), _int(c, "vocab_size")
+    f, vocab = _int(c, "intermediate_size"), _int(c, "vocab_size", most=MAX_TOKENS)
     tied = _bool(c, "tie_word_embeddings", family == "gemma")
     qkv_bias = family == "qwen2" or _bool(c, "attention_bias", False)
     out_bias = family != "qwen2" and _bool(c, "attention_bias", False)
@@ -95,10 +102,11 @@ def _llama_like(c: dict[str, Any], family: str) -> Architecture:
 
 
 def _gpt2(c: dict[str, Any]) -> Architecture:
-    h, layers = _int(c, "n_embd", "hidden_size"), _int(c, "n_layer", "num_hidden_layers")
+    h = _int(c, "n_embd", "hidden_size")
+    layers = _int(c, "n_layer", "num_hidden_layers", most=MAX_LAYERS)
     heads = _int(c, "n_head", "num_attention_heads")
-    f, vocab = _int(c, "n_inner", default=4 * h), _int(c, "vocab_size")
-    positions = _int(c, "n_positions", "max_position_embeddings")
+    f, vocab = _int(c, "n_inner", default=4 * h), _int(c, "vocab_size", most=MAX_TOKENS)
+    positions = _int(c, "n_positions", "max_position_embeddings", most=MAX_TOKENS)
     tied = _bool(c, "tie_word_embeddings", True)
     block = (h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h)
     return Architecture(
@@ -110,9 +118,9 @@ def _gpt2(c: dict[str, Any]) -> Architecture:
 
 
 def _gpt_neox(c: dict[str, Any]) -> Architecture:
-    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers")
+    h, layers = _int(c, "hidden_size"), _int(c, "num_hidden_layers", most=MAX_LAYERS)
     heads = _int(c, "num_attention_heads")
-    f, vocab = _int(c, "intermediate_size"), _int(c, "vocab_size")
+    f, vocab = _int(c, "intermediate_size"), _int(c, "vocab_size", most=MAX_TOKENS)
     tied = _bool(c, "tie_word_embeddings", False)
     bias = _bool(c, "attention_bias", True)
     attention = (h * 3 * h, *((3 * h,) if bias else ()), h * h, *((h,) if bias else ()))
@@ -142,6 +150,11 @@ def read_hf_config(config: dict[str, Any]) -> Architecture:
         raise ValueError(
             f"{FIELD}.model_type {family!r} is not a family the advisor knows "
             f"({', '.join(FAMILIES)}); give the shape fields instead"
+        )
+    if arch.head_dim == 0:  # more heads than hidden units: each head would be empty
+        raise ValueError(
+            f"{FIELD}.num_attention_heads ({arch.heads}) must not exceed "
+            f"hidden_size ({arch.hidden})"
         )
     if arch.heads % arch.kv_heads:
         raise ValueError(
