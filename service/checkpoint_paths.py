@@ -25,5 +25,8 @@ def lies_within(folder: str, path: str) -> bool:
     """Whether ``path`` is ``folder`` or below it, both read as the filesystem resolves them."""
     if not os.path.isabs(path):
         return False
-    real_folder, real_path = os.path.realpath(folder), os.path.realpath(path)
+    try:
+        real_folder, real_path = os.path.realpath(folder), os.path.realpath(path)
+    except ValueError:  # a lone surrogate or NUL: no file can have that name
+        return False
     return os.path.commonpath([real_folder, real_path]) == real_folder
