@@ -121,3 +121,15 @@ def test_the_same_spec_without_the_bad_value_is_accepted_on_every_backend(api: A
 
     assert statuses == [201, 201, 201]
     assert api.stored() == (3, 3)
+
+
+def test_a_kubernetes_cluster_refuses_a_job_without_an_image_at_submit(api: Api) -> None:
+    spec = spec_for("k8s-a")
+    del spec["image"]
+
+    status, body = api.submit(spec)
+
+    assert status == 422
+    assert body["detail"][0]["loc"] == ["body", "image"]
+    assert "cluster 'k8s-a' runs each node in a container" in body["detail"][0]["msg"]
+    assert api.stored() == (0, 0)

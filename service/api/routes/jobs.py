@@ -23,7 +23,7 @@ from service.api.schemas import (
 )
 from service.core.advice_memo import advise_once
 from service.core.advisor import NoPlanFits
-from service.core.clusters import ClusterProfile
+from service.core.clusters import BackendKind, ClusterProfile
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
@@ -240,6 +240,10 @@ def _profile_for(settings: Settings, spec: JobSpec) -> ClusterProfile:
             "resources.nodes",
             f"cluster {profile.name!r} offers at most {profile.max_nodes} nodes, "
             f"the job asks for {spec.resources.nodes}",
+        )
+    if profile.kind == BackendKind.KUBERNETES and spec.image is None:  # else a LAUNCH_ERROR later
+        raise _unprocessable(
+            "image", f"cluster {profile.name!r} runs each node in a container: set the job's image"
         )
     return profile
 
