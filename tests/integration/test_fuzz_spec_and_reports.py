@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from service.settings import Settings
 from tests.integration.helpers import auth, tiny_spec
 
 Path = tuple[str, ...]
+PRODUCTION_RECURSION_LIMIT = 1000  # CPython's default, which uvicorn keeps
 FUZZ = settings(
     max_examples=60,
     derandomize=True,
@@ -40,37 +42,14 @@ def nested(depth: int) -> Any:
     return document
 
 
-HOSTILE = st.sampled_from(
-    [
-        2**31 - 1,
-        2**31,
-        2**63 - 1,
-        2**63,
-        2**64,
-        10**30,
-        -1,
-        -(2**63) - 1,
-        0,
-        float("nan"),
-        float("inf"),
-        float("-inf"),
-        1e308,
-        -0.0,
-        "\x00",
-        "a\x00b",
-        "x" * 100_000,
-        "\u202e\ud7ff",
-        "",
-        "1e999",
-        True,
-        None,
-        [],
-        {},
-        [1] * 10_000,
-        nested(40),
-        nested(200),
-    ]
-)
+# Four kinds, drawn alike often: a number past a column or not finite, text a file, process
+# or PostgreSQL cannot take, the wrong type, nesting past the limit or near recursion's.
+NUMBERS = [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30, -1, -(2**63) - 1, 0]
+NUMBERS += [float("nan"), float("inf"), float("-inf"), 1e308, -0.0]
+TEXTS = ["\x00", "a\x00b", "x" * 100_000, "\u202e\ud7ff", "", "1e999"]
+TYPES = [True, None, [], {}, [1] * 10_000]
+DEEP = [nested(40), nested(700)]
+HOSTILE = st.one_of(*(st.sampled_from(kind) for kind in (NUMBERS, TEXTS, TYPES, DEEP)))
 HOSTILE_KEYS = st.sampled_from(["\x00", "k\x00", "x" * 5000, "", "NaN", "__proto__"])
 
 
@@ -104,9 +83,17 @@ def mutated(draw: st.DrawFn, base: dict[str, Any], mappings: list[Path]) -> tupl
 
 
 def send(client: TestClient, url: str, body: Any, headers: dict[str, str]) -> Any:
-    """As Python's json writes it (NaN, Infinity, lone surrogates escaped): what clients send."""
+    """As Python's json writes it (NaN, Infinity, lone surrogates escaped): what clients send.
+    The server thread gets Python's default recursion limit, as in production: Hypothesis
+    raises the limit while a test runs, which would hide a recursion too deep for a server."""
     typed = {**headers, "Content-Type": "application/json"}
-    return client.post(url, content=json.dumps(body), headers=typed)
+    content = json.dumps(body)
+    raised = sys.getrecursionlimit()
+    sys.setrecursionlimit(PRODUCTION_RECURSION_LIMIT)
+    try:
+        return client.post(url, content=content, headers=typed)
+    finally:
+        sys.setrecursionlimit(raised)
 
 
 def assert_refusal_names(response: Any, path: Path) -> None:
@@ -176,6 +163,27 @@ def test_a_hostile_advice_request_is_refused_naming_the_field(
 ) -> None:
     body, path = case
     response = send(shared_client, "/v1/advice", body, auth(shared_tokens["alice"]))
+    assert_refusal_names(response, path)
+
+
+DS_CONFIG = {
+    "train_batch_size": 8,
+    "train_micro_batch_size_per_gpu": 4,
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8},
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+}
+LINT = {"ds_config": DS_CONFIG}  # its job part is a spec, fuzzed above
+LINT_MAPPINGS: list[Path] = [("ds_config",), ("ds_config", "zero_optimization")]
+
+
+@given(case=mutated(LINT, LINT_MAPPINGS))
+@FUZZ
+def test_a_hostile_ds_config_to_lint_is_refused_naming_the_field(
+    shared_client: TestClient, shared_tokens: dict[str, str], case: tuple[Any, Path]
+) -> None:
+    body, path = case
+    response = send(shared_client, "/v1/advice/lint", body, auth(shared_tokens["alice"]))
     assert_refusal_names(response, path)
 
 

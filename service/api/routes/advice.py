@@ -13,11 +13,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from service.core.advisor import Candidate, NoPlanFits, advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
+from service.core.limits import plain_document
 from service.core.spec import JobSpec
 from service.metrics import ADVISOR_SECONDS
 
@@ -48,7 +49,8 @@ class AdvicePublic(BaseModel):
 class LintRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ds_config: dict[str, Any]
+    # the lint rules walk it: no deeper than 32, finite numbers
+    ds_config: Annotated[dict[str, Any], AfterValidator(plain_document)]
     job: dict[str, Any] | None = None
 
 
