@@ -67,6 +67,10 @@ class ApiSettings(BaseModel):
     port: int = 8321
     # The address training processes use to report back; default http://host:port.
     public_url: str | None = None
+    # Larger request bodies get 413 (a spec with an inlined config.json is a few KiB).
+    max_request_bytes: int = Field(default=2**20, ge=1024)
+    # A request still unanswered after this gets 504.
+    request_deadline_s: float = Field(default=30.0, gt=0)
 
 
 class LogSettings(BaseModel):

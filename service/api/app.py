@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import Depends, FastAPI
 
 from service.api import console, observe
+from service.api.body_limit import BodyLimit
+from service.api.deadline import Deadline
 from service.api.deps import get_current_user
 from service.api.docs import mount_docs
 from service.api.errors import error_responses, install_error_handlers
@@ -43,4 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=error_responses(401) | V1_ERRORS,
     )
     app.dependency_overrides[advice.cluster_profiles] = settings.cluster_profiles
+    # Added last, so outermost: the deadline covers reading the body too.
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_request_bytes)
+    app.add_middleware(Deadline, seconds=settings.api.request_deadline_s)
     return app

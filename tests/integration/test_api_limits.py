@@ -6,6 +6,7 @@ Each case below gave a 500 (or never returned) before its limit existed (issue 1
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,70 @@ def test_a_lost_database_answers_503_with_retry_after(tmp_path: Path) -> None:
     assert response.status_code == 503, response.text
     assert response.headers["Retry-After"] == "5"
     assert "database is unavailable" in response.json()["detail"]
+
+
+def big_spec() -> bytes:
+    """A spec whose args make the body 1.5 MiB, over the default limit of 1 MiB."""
+    return json.dumps(tiny_spec(args=["x" * 4000] * 400)).encode()
+
+
+def test_a_body_over_the_limit_is_refused_with_413_naming_it(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    response = client.post("/v1/jobs", content=big_spec(), headers=auth(tokens["alice"]))
+
+    assert response.status_code == 413
+    assert response.json()["detail"] == (
+        "the request body is over the limit of 1048576 bytes (1.00 MiB, "
+        "setting api.max_request_bytes)"
+    )
+    assert client.get("/v1/jobs", headers=auth(tokens["alice"])).json()["count"] == 0
+
+
+def test_a_chunked_body_over_the_limit_is_cut_off_with_413(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    body = big_spec()
+    chunks = (body[i : i + 65536] for i in range(0, len(body), 65536))  # no Content-Length
+
+    response = client.post("/v1/jobs", content=chunks, headers=auth(tokens["alice"]))
+
+    assert response.status_code == 413
+    assert "api.max_request_bytes" in response.json()["detail"]
+    assert client.get("/v1/jobs", headers=auth(tokens["alice"])).json()["count"] == 0
+
+
+def test_a_request_past_the_deadline_gets_504_naming_it(settings: Settings) -> None:
+    settings.api.request_deadline_s = 0.2
+    app = create_app(settings)
+
+    async def stuck() -> None:  # stands in for any handler that does not return in time
+        await asyncio.sleep(30)
+
+    app.add_api_route("/stuck", stuck)
+    with TestClient(app) as client:
+        response = client.get("/stuck")
+
+    assert response.status_code == 504
+    assert response.json()["detail"] == (
+        "the request ran past its deadline of 0.2 s (setting api.request_deadline_s)"
+    )
+
+
+def test_metrics_come_in_pages(
+    client: TestClient, tokens: dict[str, str], settings: Settings
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    attempt_id = job["attempts"][0]["id"]
+    token = auth(attempt_token(settings.secret_key(), attempt_id))
+    for step in (1, 2, 3):
+        client.post(
+            f"/v1/runtime/attempts/{attempt_id}/metrics", json={"step": step}, headers=token
+        )
+    url, user = f"/v1/jobs/{job['id']}/metrics", auth(tokens["alice"])
+
+    first = client.get(url, params={"limit": 2}, headers=user).json()
+    rest = client.get(url, params={"after_id": first[-1]["id"]}, headers=user).json()
+
+    assert [p["step"] for p in first] == [1, 2] and [p["step"] for p in rest] == [3]
+    assert client.get(url, params={"limit": 10_001}, headers=user).status_code == 422

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from service.api.deps import CurrentUser, SessionDep, SettingsDep, WriterUser
 from service.api.errors import error_responses
@@ -29,7 +29,7 @@ from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
 from service.db.admission import admit_submitted, refusal
-from service.db.models import Attempt, Job, JobEvent, Team, User
+from service.db.models import Attempt, Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
 from service.metrics import ADVISOR_SECONDS
@@ -37,6 +37,9 @@ from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
+# A job's detail carries at most this many of its latest events, metrics and checkpoints, so
+# its size is bounded however long the job runs; /metrics pages through every point.
+DETAIL_ROWS = 10_000
 
 
 @router.post(
@@ -206,9 +209,14 @@ def job_metrics(
     after_id: Annotated[
         int, Query(ge=0, le=INT32_MAX, description="only points newer than this id")
     ] = 0,
+    limit: Annotated[
+        int, Query(ge=1, le=DETAIL_ROWS, description="at most this many, oldest first")
+    ] = DETAIL_ROWS,
 ) -> list[MetricPublic]:
+    """A job's metric points in order; page with ``after_id`` = the last id received."""
     job = _visible_job(session, user, job_id)
-    points = job_store.metrics_of(session, job.id, after_id)
+    query = select(MetricPoint).where(MetricPoint.job_id == job.id, col(MetricPoint.id) > after_id)
+    points = session.exec(query.order_by(col(MetricPoint.id)).limit(limit)).all()
     return [MetricPublic.model_validate(p) for p in points]
 
 
@@ -290,6 +298,14 @@ def _public(job: Job, team: str) -> JobPublic:
     return JobPublic.model_validate({**_fields(job), "team": team})
 
 
+Row = TypeVar("Row", JobEvent, MetricPoint, Checkpoint)
+
+
+def _latest(session: Session, table: type[Row], job_id: str) -> list[Row]:
+    query = select(table).where(table.job_id == job_id).order_by(col(table.id).desc())
+    return list(reversed(session.exec(query.limit(DETAIL_ROWS)).all()))
+
+
 def _detail(session: Session, job: Job, team: str) -> JobDetail:
     return JobDetail.model_validate(
         {
@@ -298,13 +314,12 @@ def _detail(session: Session, job: Job, team: str) -> JobDetail:
             "attempts": [
                 AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)
             ],
-            "events": [EventPublic.model_validate(e) for e in job_store.events_of(session, job.id)],
+            "events": [EventPublic.model_validate(e) for e in _latest(session, JobEvent, job.id)],
             "metrics": [
-                MetricPublic.model_validate(m) for m in job_store.metrics_of(session, job.id)
+                MetricPublic.model_validate(m) for m in _latest(session, MetricPoint, job.id)
             ],
             "checkpoints": [
-                CheckpointPublic.model_validate(c)
-                for c in job_store.checkpoints_of(session, job.id)
+                CheckpointPublic.model_validate(c) for c in _latest(session, Checkpoint, job.id)
             ],
         }
     )
