@@ -20,9 +20,14 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from zeropilot import credentials
 from zeropilot.cli_common import console
+
+# Requests still running at shutdown get this long to end (a stuck one would otherwise keep
+# `zeropilot up` from stopping on SIGTERM).
+SHUTDOWN_GRACE_S = 5
 
 
 def run_embedded(host: str | None, port: int | None) -> None:
@@ -36,8 +41,6 @@ def run_embedded(host: str | None, port: int | None) -> None:
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     _share_metrics(settings.data_dir / "prometheus")  # before anything imports the client
-
-    import uvicorn
 
     from service.api.app import create_app
     from service.db.migrate import upgrade
@@ -72,15 +75,32 @@ def run_embedded(host: str | None, port: int | None) -> None:
     )
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        uvicorn.run(
-            create_app(settings),
-            host=settings.api.host,
-            port=settings.api.port,
-            log_level="warning",
-        )
+        serve_api(create_app(settings), settings.api.host, settings.api.port)
     finally:
         for child in children:
             child.stop()
+        abandon_stuck_requests(128 + signal.SIGTERM)
+
+
+def serve_api(app: Any, host: str, port: int) -> None:
+    """Serve until SIGTERM or Ctrl-C; requests still running then get SHUTDOWN_GRACE_S to end,
+    and a stuck one (its handler thread cannot be stopped) does not keep the process alive."""
+    import uvicorn
+
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
+
+
+def abandon_stuck_requests(code: int) -> None:
+    """Exit now if a request handler's thread is still running after shutdown: the interpreter
+    would wait for it at exit, and a stuck one never ends."""
+    stuck = [t for t in threading.enumerate() if t.name == "AnyIO worker thread" and t.is_alive()]
+    if stuck:
+        console.print(f"{len(stuck)} request(s) still running were abandoned", highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _share_metrics(folder: Path) -> None:

@@ -7,17 +7,25 @@ Each case below gave a 500 (or never returned) before its limit existed (issue 1
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
-from tests.integration.helpers import auth, tiny_spec
+from tests.integration.helpers import REPO, auth, tiny_spec
 
 INF, NAN = float("inf"), float("nan")  # sent as the Infinity and NaN that Python's json writes
 
@@ -210,3 +218,51 @@ def test_metrics_come_in_pages(
 
     assert [p["step"] for p in first] == [1, 2] and [p["step"] for p in rest] == [3]
     assert client.get(url, params={"limit": 10_001}, headers=user).status_code == 422
+
+
+STUCK_SERVER = """
+import signal, sys, time
+from fastapi import FastAPI
+from zeropilot.up import _raise_interrupt, abandon_stuck_requests, serve_api
+
+app = FastAPI()
+
+@app.get("/stuck")
+def stuck() -> None:
+    time.sleep(3600)  # a handler thread that never returns
+
+signal.signal(signal.SIGTERM, _raise_interrupt)  # as zeropilot up does
+try:
+    serve_api(app, "127.0.0.1", int(sys.argv[1]))
+finally:
+    abandon_stuck_requests(143)
+"""
+
+
+def test_the_api_stops_on_sigterm_while_a_request_is_stuck() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", STUCK_SERVER, str(port)], cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_listening(port)
+        threading.Thread(target=_ask_and_ignore, args=(f"{url}/stuck",), daemon=True).start()
+        time.sleep(1)  # the request reaches its handler
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=120) == 143  # it stops: uvicorn's grace, then abandoned
+    finally:
+        server.kill()
+
+
+def _wait_until_listening(port: int) -> None:
+    for _ in range(600):
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def _ask_and_ignore(url: str) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.get(url, timeout=300)
