@@ -12,6 +12,7 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from zeropilot import credentials
 from zeropilot.client import ApiError, Client, format_detail
@@ -25,7 +26,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print the reason and exit: 1 for a failure, 2 for bad input."""
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # paths may hold "[x]"
     raise typer.Exit(code)
 
 

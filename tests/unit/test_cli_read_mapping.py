@@ -90,3 +90,11 @@ def test_the_hf_config_uses_the_same_reader_and_names_its_field(
     spec: dict[str, Any] = {"model": {"hf_config": "config.json"}}
     inline_hf_config(spec, tmp_path)
     assert spec["model"] == {"hf_config": {"model_type": "llama", "hidden_size": 64}}
+
+
+def test_a_path_with_brackets_is_named_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job[bold].yaml"  # not console markup
+    path.write_text("a: &a 1\n")
+    assert f"{path}: YAML anchors" in refusal(path, capsys)
