@@ -146,19 +146,26 @@ def _slurm_conf(folder: Path, max_jobs: int) -> str:
 @contextmanager
 def _munge() -> Iterator[None]:
     """munged, as the recipe starts it; stopped afterwards only if started here."""
-    if subprocess.run(["munge", "-n"], capture_output=True).returncode == 0:
+    if not ensure_munged():
         yield
         return
-    if not Path("/etc/munge/munge.key").exists():
-        subprocess.run(["mungekey", "--create", "--force"], check=True)
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    subprocess.run(["munged", "--force"], check=True)
     try:
         yield
     finally:
         pid = int(Path("/run/munge/munged.pid").read_text())
         os.kill(pid, signal.SIGTERM)
+
+
+def ensure_munged() -> bool:
+    """Start munged unless one answers (another session's may stop); True if started here."""
+    if subprocess.run(["munge", "-n"], capture_output=True).returncode == 0:
+        return False
+    if not Path("/etc/munge/munge.key").exists():
+        subprocess.run(["mungekey", "--create", "--force"], check=True)
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    subprocess.run(["munged", "--force"], check=True)
+    return True
 
 
 def _wait_for_controller(conf: Path) -> None:

@@ -38,7 +38,12 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.submit_backends import fill_zeropilot_backlog, start_slurmctld, zeropilot_users
+from bench.submit_backends import (
+    ensure_munged,
+    fill_zeropilot_backlog,
+    start_slurmctld,
+    zeropilot_users,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get(
@@ -130,7 +135,9 @@ def sbatch_submit(conf: Path, script: Path) -> Callable[[int], None]:
 
     def submit(index: int) -> None:
         argv = ["sbatch", "--hold", "--parsable", f"--job-name=bench-{index}", str(script)]
-        subprocess.run(argv, env=env, check=True, capture_output=True)
+        if subprocess.run(argv, env=env, capture_output=True).returncode != 0:
+            ensure_munged()  # a test session sharing this machine may have stopped its munged
+            subprocess.run(argv, env=env, check=True, capture_output=True)
 
     return submit
 
