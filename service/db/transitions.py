@@ -92,20 +92,22 @@ def _compare_and_set(
         fields.setdefault("finished_at", now)
     table = type(row)
     for old in olds:  # one statement per old status, so the event records the true origin
-        result = session.execute(
+        moved = session.execute(
             update(table)
             .where(col(table.id) == row.id, col(table.status) == old)
             .values(status=new, updated_at=now, **fields)
-            # The refresh below reloads the row; matching every object the session holds
-            # against the criteria would cost a pass over all of them per move.
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount == 1:  # type: ignore[attr-defined]
+            # The row comes back with the update and replaces the loaded one: no refresh,
+            # and no pass matching every object the session holds against the criteria.
+            .returning(table)
+            .execution_options(synchronize_session=False, populate_existing=True)
+        ).scalar_one_or_none()
+        if moved is not None:
+            if moved is not row:  # ``row`` was not this session's copy
+                session.refresh(row)
             event.from_status = old
             session.add(event)
             if isinstance(row, Job):
                 _move_held_gpus(session, row, JobStatus(old), JobStatus(new))
-            session.refresh(row)
             return True
     session.refresh(row)
     return False
