@@ -220,6 +220,25 @@ def test_metrics_come_in_pages(
     assert client.get(url, params={"limit": 10_001}, headers=user).status_code == 422
 
 
+def test_checkpoints_come_in_pages(
+    client: TestClient, tokens: dict[str, str], settings: Settings
+) -> None:
+    job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
+    attempt_id = job["attempts"][0]["id"]
+    token = auth(attempt_token(settings.secret_key(), attempt_id))
+    folder = settings.data_dir / "jobs" / job["id"] / "checkpoints"
+    for step in (10, 20, 30):
+        report = {"step": step, "path": f"{folder}/global_step{step}"}
+        client.post(f"/v1/runtime/attempts/{attempt_id}/checkpoints", json=report, headers=token)
+    url, user = f"/v1/jobs/{job['id']}/checkpoints", auth(tokens["alice"])
+
+    first = client.get(url, params={"limit": 2}, headers=user).json()
+    rest = client.get(url, params={"after_id": first[-1]["id"]}, headers=user).json()
+
+    assert [c["step"] for c in first] == [10, 20] and [c["step"] for c in rest] == [30]
+    assert client.get(url, params={"limit": 10_001}, headers=user).status_code == 422
+
+
 STUCK_SERVER = """
 import signal, sys, time
 from fastapi import FastAPI

@@ -225,9 +225,22 @@ def job_metrics(
     response_model=list[CheckpointPublic],
     responses=error_responses(404),
 )
-def job_checkpoints(job_id: str, user: CurrentUser, session: SessionDep) -> list[CheckpointPublic]:
+def job_checkpoints(
+    job_id: str,
+    user: CurrentUser,
+    session: SessionDep,
+    after_id: Annotated[
+        int, Query(ge=0, le=INT32_MAX, description="only checkpoints newer than this id")
+    ] = 0,
+    limit: Annotated[
+        int, Query(ge=1, le=DETAIL_ROWS, description="at most this many, oldest first")
+    ] = DETAIL_ROWS,
+) -> list[CheckpointPublic]:
+    """A job's reported checkpoints in order; page with ``after_id`` = the last id received."""
     job = _visible_job(session, user, job_id)
-    return [CheckpointPublic.model_validate(c) for c in job_store.checkpoints_of(session, job.id)]
+    query = select(Checkpoint).where(Checkpoint.job_id == job.id, col(Checkpoint.id) > after_id)
+    rows = session.exec(query.order_by(col(Checkpoint.id)).limit(limit)).all()
+    return [CheckpointPublic.model_validate(c) for c in rows]
 
 
 def _unprocessable(field: str, message: str) -> HTTPException:
