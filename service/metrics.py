@@ -137,6 +137,27 @@ def install_transition_metrics() -> None:
             event.listen(Session, name, listener)
 
 
+def count_new_job_events(
+    session: Session, events: list[dict[str, Any]], cluster: str, team: str
+) -> None:
+    """Count, once the transaction commits, the events of a job written as plain rows (a
+    submit's hot path bypasses the ORM, so the flush listener does not see them)."""
+    session.info.setdefault("zeropilot_seen", []).extend(
+        _Seen(
+            subject=e["subject"],
+            from_status=e["from_status"],
+            to_status=e["to_status"],
+            reason=e["reason"],
+            cluster=cluster,
+            team=team,
+            failure_class=None,
+            since_submit_s=0.0,  # written with the job
+            attempt_number=e["attempt_number"],
+        )
+        for e in events
+    )
+
+
 def _collect(session: Session, _context: Any) -> None:
     events = [obj for obj in session.new if isinstance(obj, JobEvent)]
     if events:
@@ -148,7 +169,7 @@ def _resolve(session: Session) -> None:
     try:
         session.flush()
         events: list[JobEvent] = session.info.pop("zeropilot_events", [])
-        session.info["zeropilot_seen"] = [_seen(session, e) for e in events]
+        session.info.setdefault("zeropilot_seen", []).extend(_seen(session, e) for e in events)
     except Exception:  # a metric must never stop a transition
         log.exception("could not read job events for the metrics")
         session.info.pop("zeropilot_seen", None)

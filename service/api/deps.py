@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -11,16 +12,17 @@ from sqlmodel import Session
 
 from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
-from service.db.models import Attempt, Job, User
+from service.db.models import Attempt, Job, Team, User
 from service.db.session import get_engine
-from service.db.users import user_by_token
+from service.db.users import member_by_token
 from service.security import attempt_token_valid
 from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that do no I/O are async: a sync one costs a hop to the thread pool per request.
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -43,19 +45,34 @@ def _unauthorized(detail: str) -> HTTPException:
     )
 
 
-def get_current_user(session: SessionDep, credentials: Credentials) -> User:
+@dataclass(frozen=True)
+class Member:
+    """The caller and their team, read in one statement."""
+
+    user: User
+    team: Team
+
+
+def get_member(session: SessionDep, credentials: Credentials) -> Member:
     if credentials is None:
         raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
-    user = user_by_token(session, credentials.credentials)
-    if user is None:
+    found = member_by_token(session, credentials.credentials)
+    if found is None:
         raise _unauthorized("unknown or revoked token")
-    return user
+    return Member(*found)
+
+
+CurrentMember = Annotated[Member, Depends(get_member)]
+
+
+async def get_current_user(member: CurrentMember) -> User:
+    return member.user
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]
 
 
-def get_admin(user: CurrentUser) -> User:
+async def get_admin(user: CurrentUser) -> User:
     if not user.is_admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this needs an admin token")
     return user
@@ -64,14 +81,22 @@ def get_admin(user: CurrentUser) -> User:
 AdminUser = Annotated[User, Depends(get_admin)]
 
 
-def get_writer(user: CurrentUser) -> User:
-    """A user who may submit and cancel: anyone but a viewer."""
+async def get_writing_member(member: CurrentMember) -> Member:
+    """A member who may submit and cancel: anyone but a viewer."""
+    user = member.user
     if not user.is_admin and not Role(user.role).can_write:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             detail=f"user {user.name} is a viewer: viewers read jobs but cannot submit or cancel",
         )
-    return user
+    return member
+
+
+WritingMember = Annotated[Member, Depends(get_writing_member)]
+
+
+async def get_writer(member: WritingMember) -> User:
+    return member.user
 
 
 WriterUser = Annotated[User, Depends(get_writer)]

@@ -10,39 +10,55 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import logs
 from service.metrics import HTTP_REQUESTS
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def install(app: FastAPI) -> None:
-    app.middleware("http")(_observe)
+    app.add_middleware(Observe)
     _send_request_id_with_tasks()
 
 
-async def _observe(request: Request, call_next: Handler) -> Response:
-    given = request.headers.get("x-request-id", "")
-    rid = given if _VALID_ID.match(given) else uuid.uuid4().hex
-    started = time.perf_counter()
-    token = logs.request_id.set(rid)
-    try:
-        response = await call_next(request)
-    finally:
-        logs.request_id.reset(token)
-    route = request.scope.get("route")
-    template = getattr(route, "path", "unmatched")  # the template keeps label values few
-    HTTP_REQUESTS.labels(request.method, template, str(response.status_code)).observe(
-        time.perf_counter() - started
-    )
-    response.headers["X-Request-ID"] = rid
-    return response
+class Observe:
+    """Plain ASGI, not ``BaseHTTPMiddleware``: that one adds a task and a stream per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _VALID_ID.match(given) else uuid.uuid4().hex
+        started = time.perf_counter()
+        status = 500  # what the client gets if the app raises before answering
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = rid
+            await send(message)
+
+        token = logs.request_id.set(rid)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            logs.request_id.reset(token)
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")  # the template keeps label values few
+            HTTP_REQUESTS.labels(scope["method"], template, str(status)).observe(
+                time.perf_counter() - started
+            )
 
 
 def _send_request_id_with_tasks() -> None:

@@ -1,8 +1,9 @@
 """Admission: move PENDING jobs that fit to QUEUED (``service.core.admission`` decides).
 
 A submit admits only its own job, and only when no other job waits in its team or on its
-cluster: then no waiting job's turn depends on it, and the decision needs a few indexed reads
-and the ``HeldGpus`` counters, whatever the number of jobs. Otherwise the job stays PENDING for
+cluster: then no waiting job's turn depends on it, and the decision needs one statement over
+indexes and the ``HeldGpus`` counters, whatever the number of jobs (none at all when neither a
+team quota nor a cluster cap applies). Otherwise the job stays PENDING for
 the full pass, which the workers' periodic reconcile runs every few seconds (and a quota change
 runs at once) over every waiting job, so a job waiting for GPUs starts once they are released.
 Both first update the single ``AdmissionTurn`` row: on PostgreSQL that row lock, on SQLite the
@@ -14,16 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import update
+from sqlalchemy import exists, func, update
 from sqlmodel import Session, col, select
-from sqlmodel.sql.expression import SelectOfScalar
 
 from service.core.admission import Held, Limits, Waiting, admit, gpus_of, never_fits
 from service.core.clusters import ClusterProfile
 from service.core.states import JobStatus
-from service.db.held_gpus import held_by, held_everywhere
+from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
-from service.db.models import AdmissionTurn, Job, Team
+from service.db.models import AdmissionTurn, HeldGpus, Job, Team, utcnow
 from service.db.transitions import move_job
 
 WAITING_PREFIX = "waiting: "
@@ -46,34 +46,42 @@ def held(session: Session, team_names: dict[int, str]) -> Held:
     return held_everywhere(session, team_names)
 
 
-def admit_submitted(session: Session, job: Job, team: Team, profile: ClusterProfile) -> bool:
-    """Admit the job just stored when it fits and no other waiting job could go before it;
-    otherwise leave it PENDING with the reason. True: admitted (launch it after the commit)."""
+def decide_submitted(
+    session: Session, team: Team, cluster: str, gpus: int, priority: int, cap: int | None
+) -> str | None:
+    """Whether a job about to be stored may be admitted at once: None if so (store it QUEUED
+    and launch it after the commit), else why it waits (store it PENDING with that message).
+
+    Without a team quota or a cluster cap nothing can hold it back, and no statement is needed.
+    Otherwise the decision takes the admission turn (held until the commit, so the job is in
+    the table before the next decision) and reads the counters in one statement."""
+    if team.gpu_quota is None and cap is None:
+        return None
     _take_turn(session)
-    cap = profile.max_gpus
-    limits = Limits(team_quota={team.name: team.gpu_quota}, cluster_cap={job.cluster: cap})
-    decision = admit([_waiting(job, team.name)], held_by(session, team, job.cluster), limits)
-    why = decision.waiting.get(job.id) or _decided_by_the_pass(session, job, team, cap)
-    if why is None:
-        return move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted", message="")
-    job.message = WAITING_PREFIX + why
-    session.add(job)
-    return False
-
-
-def _decided_by_the_pass(session: Session, job: Job, team: Team, cap: int | None) -> str | None:
-    """Why the full pass must decide: another job waits where it shares a limit with this one
-    (its team's quota, its cluster's cap). Without limits, waiting jobs never compete."""
-    others = select(Job.id).where(Job.status == JobStatus.PENDING, Job.id != job.id).limit(1)
-    if team.gpu_quota is not None and _any(session, others.where(Job.team_id == job.team_id)):
+    held, team_waits, cluster_waits = _submit_view(session, team, cluster)
+    limits = Limits(team_quota={team.name: team.gpu_quota}, cluster_cap={cluster: cap})
+    new = Waiting("new", team.name, cluster, gpus, priority, utcnow())
+    if why := admit([new], held, limits).waiting.get("new"):
+        return why
+    # Another job waits where it shares a limit with this one: the full pass orders them.
+    if team.gpu_quota is not None and team_waits:
         return f"other jobs of team {team.name} wait too; the next admission pass orders them"
-    if cap is not None and _any(session, others.where(Job.cluster == job.cluster)):
-        return f"other jobs wait for cluster {job.cluster}; the next admission pass orders them"
+    if cap is not None and cluster_waits:
+        return f"other jobs wait for cluster {cluster}; the next admission pass orders them"
     return None
 
 
-def _any(session: Session, query: SelectOfScalar[str]) -> bool:
-    return session.exec(query).first() is not None
+def _submit_view(session: Session, team: Team, cluster: str) -> tuple[Held, bool, bool]:
+    """GPUs held by the team and on the cluster, and whether jobs wait in either."""
+    held = select(func.coalesce(func.sum(HeldGpus.gpus), 0))
+    by_team = held.where(col(HeldGpus.team_id) == team.id).scalar_subquery()
+    by_cluster = held.where(col(HeldGpus.cluster) == cluster).scalar_subquery()
+    pending = col(Job.status) == JobStatus.PENDING
+    team_waits = exists().where(pending, col(Job.team_id) == team.id)
+    cluster_waits = exists().where(pending, col(Job.cluster) == cluster)
+    row = session.execute(select(by_team, by_cluster, team_waits, cluster_waits)).one()
+    usage = Held(by_team={team.name: int(row[0])}, by_cluster={cluster: int(row[1])})
+    return usage, bool(row[2]), bool(row[3])
 
 
 def _waiting(job: Job, team: str) -> Waiting:

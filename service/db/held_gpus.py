@@ -7,33 +7,33 @@ whatever the number of jobs.
 
 from __future__ import annotations
 
-from sqlalchemy import case, or_
+from functools import lru_cache
+
+from sqlalchemy import Insert
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, select
 
 from service.core.admission import Held
-from service.db.models import HeldGpus, Team
+from service.db.models import HeldGpus
 
 
 def add_held(session: Session, team_id: int, cluster: str, gpus: int) -> None:
     """Add ``gpus`` (negative: release them) to the team's count on the cluster."""
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    insert = dialect.insert(HeldGpus).values(team_id=team_id, cluster=cluster, gpus=gpus)
-    session.connection().execute(  # a plain statement: no ORM objects to synchronize
-        insert.on_conflict_do_update(
-            index_elements=["team_id", "cluster"],
-            set_={"gpus": col(HeldGpus.gpus) + insert.excluded.gpus},
-        )
+    statement = _upsert(session.get_bind().dialect.name)
+    values = {"team_id": team_id, "cluster": cluster, "gpus": gpus}
+    session.connection().execute(statement, values)  # plain: no ORM objects to synchronize
+
+
+@lru_cache(maxsize=2)
+def _upsert(dialect_name: str) -> Insert:
+    """Built once per dialect: building it (its ``excluded`` columns) cost more than running it."""
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    insert = dialect.insert(HeldGpus)
+    upsert: Insert = insert.on_conflict_do_update(
+        index_elements=["team_id", "cluster"],
+        set_={"gpus": col(HeldGpus.gpus) + insert.excluded.gpus},
     )
-
-
-def held_by(session: Session, team: Team, cluster: str) -> Held:
-    """What the team holds (on every cluster) and what is held on the cluster (by every team)."""
-    mine = or_(col(HeldGpus.team_id) == team.id, col(HeldGpus.cluster) == cluster)
-    by_team = func.sum(case((col(HeldGpus.team_id) == team.id, HeldGpus.gpus), else_=0))
-    by_cluster = func.sum(case((col(HeldGpus.cluster) == cluster, HeldGpus.gpus), else_=0))
-    team_gpus, cluster_gpus = session.exec(select(by_team, by_cluster).where(mine)).one()
-    return Held(by_team={team.name: team_gpus or 0}, by_cluster={cluster: cluster_gpus or 0})
+    return upsert
 
 
 def held_everywhere(session: Session, team_names: dict[int, str]) -> Held:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -12,8 +13,19 @@ from sqlmodel import Session, col, func, select
 
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
-from service.db.models import Attempt, Checkpoint, Job, JobEvent, MetricPoint, User, new_id
-from service.db.transitions import record_created
+from service.db.models import (
+    Attempt,
+    Checkpoint,
+    Job,
+    JobEvent,
+    MetricPoint,
+    Team,
+    User,
+    new_id,
+)
+from service.db.rows import Row, insert_rows, new_row
+from service.db.transitions import admit_on_creation, record_created
+from service.metrics import count_new_job_events
 
 
 class IdempotencyConflict(Exception):
@@ -21,13 +33,26 @@ class IdempotencyConflict(Exception):
 
 
 def spec_digest(spec: JobSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return _digest(spec.model_dump(mode="json"))
+
+
+def _digest(spec: dict[str, Any]) -> str:
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def backend_name(job_name: str, job_id: str, attempt_number: int) -> str:
     """A deterministic, DNS-1123 safe name: a retried submit finds the same object."""
     return f"zp-{job_name[:20].rstrip('-')}-{job_id[:8]}-a{attempt_number}"
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job as a submit wrote it, as rows: the answer is built from these, not read back."""
+
+    job: Row
+    attempt: Row
+    events: list[Row]
 
 
 def create_job(
@@ -40,44 +65,110 @@ def create_job(
     backend: str,
     idempotency_key: str | None,
 ) -> tuple[Job, bool]:
-    """Store a job, PENDING, with attempt 1; return (job, created). Admission (see
-    ``service.db.admission``) moves it on.
+    """Store a job, PENDING, with attempt 1; return (job, created), the job loaded in the
+    session for callers that go on with it. Admission (``service.db.admission``) moves it on."""
+    team = session.get(Team, user.team_id)
+    assert team is not None
+    stored = store_job(
+        session,
+        spec=spec,
+        plan=plan,
+        advice_reason=advice_reason,
+        user=user,
+        team_name=team.name,
+        backend=backend,
+        idempotency_key=idempotency_key,
+    )
+    if isinstance(stored, Job):
+        return stored, False
+    job = session.get(Job, stored.job["id"])
+    assert job is not None
+    return job, True
+
+
+def store_job(
+    session: Session,
+    *,
+    spec: JobSpec,
+    plan: dict[str, Any],
+    advice_reason: str,
+    user: User,
+    team_name: str,
+    backend: str,
+    idempotency_key: str | None,
+    admitted: bool = False,
+    waiting: str = "",
+) -> NewJob | Job:
+    """Store a job with attempt 1 and their events, one INSERT per table. ``admitted``: it
+    enters QUEUED (the caller decided under the admission rules), else PENDING with
+    ``waiting`` as its message.
 
     With an Idempotency-Key already used by this team, the existing job comes back instead.
     """
-    digest = spec_digest(spec)
+    stored_spec = spec.model_dump(mode="json")
+    digest = _digest(stored_spec)
     if idempotency_key and (existing := _job_by_key(session, user.team_id, idempotency_key)):
-        return _same_spec_or_conflict(existing, digest), False
-    job = Job(
+        return _same_spec_or_conflict(existing, digest)
+    job = new_row(
+        Job,
         id=new_id(),
         name=spec.name,
         team_id=user.team_id,
         user_id=user.id or 0,
         priority=spec.priority,
         cluster=spec.resources.cluster,
-        spec=spec.model_dump(mode="json"),
+        spec=stored_spec,
         plan=plan,
         advice_reason=advice_reason,
         idempotency_key=idempotency_key,
         spec_digest=digest,
         current_attempt=1,
+        message=waiting,
     )
+    events = [record_created(job["id"], f"submitted by {user.name}")]
+
+    def write_job() -> None:
+        if admitted:  # QUEUED from the start; its GPUs counted with the insert
+            events.append(admit_on_creation(session, job))
+        insert_rows(session, Job, [job])
+
     if idempotency_key is None:  # nothing to collide with: no savepoint's round trips
-        session.add(job)
-        session.flush()  # before its attempt and events, which refer to it
+        write_job()
     else:
         try:
             with session.begin_nested():  # a concurrent POST with the same key loses here
-                session.add(job)
-                session.flush()
+                write_job()
         except IntegrityError:
             existing = _job_by_key(session, user.team_id, idempotency_key)
             if existing is None:
                 raise
-            return _same_spec_or_conflict(existing, digest), False
-    record_created(session, job, f"submitted by {user.name}")
-    add_attempt(session, job, number=1, plan=plan, rung="advisor", backend=backend)
-    return job, True
+            return _same_spec_or_conflict(existing, digest)
+    attempt = new_row(
+        Attempt,
+        id=new_id(),
+        job_id=job["id"],
+        number=1,
+        plan=plan,
+        rung="advisor",
+        backend=backend,
+        backend_name=backend_name(job["name"], job["id"], 1),
+    )
+    insert_rows(session, Attempt, [attempt])
+    planned = new_row(JobEvent, **_attempt_planned(job["id"], 1, "advisor"))
+    events.insert(1, planned)  # as they happened: job, attempt, admission
+    insert_rows(session, JobEvent, events)
+    count_new_job_events(session, events, job["cluster"], team_name)
+    return NewJob(job, attempt, events)
+
+
+def _attempt_planned(job_id: str, number: int, rung: str) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "subject": "attempt",
+        "attempt_number": number,
+        "to_status": AttemptStatus.QUEUED,
+        "reason": f"attempt {number} planned ({rung})",
+    }
 
 
 def add_attempt(
@@ -103,15 +194,7 @@ def add_attempt(
         resume_method=resume_method,
     )
     session.add(attempt)
-    session.add(
-        JobEvent(
-            job_id=job.id,
-            subject="attempt",
-            attempt_number=number,
-            to_status=AttemptStatus.QUEUED,
-            reason=f"attempt {number} planned ({rung})",
-        )
-    )
+    session.add(JobEvent(**_attempt_planned(job.id, number, rung)))
     session.flush()
     return attempt
 

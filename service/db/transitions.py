@@ -24,6 +24,7 @@ from service.core.states import (
 )
 from service.db.held_gpus import add_held
 from service.db.models import Attempt, Job, JobEvent, utcnow
+from service.db.rows import Row, new_row
 
 Status = TypeVar("Status", JobStatus, AttemptStatus)
 
@@ -70,9 +71,28 @@ def move_attempt(
     )
 
 
-def record_created(session: Session, job: Job, reason: str) -> None:
-    """The first event of a job: it exists, in its initial status."""
-    session.add(JobEvent(job_id=job.id, subject="job", to_status=job.status, reason=reason))
+def record_created(job_id: str, reason: str) -> Row:
+    """The first event of a job: it exists, PENDING (stored with the job, see ``rows``)."""
+    return new_row(
+        JobEvent, job_id=job_id, subject="job", to_status=JobStatus.PENDING, reason=reason
+    )
+
+
+def admit_on_creation(session: Session, job: Row) -> Row:
+    """Admit a job not yet stored: it is written QUEUED, with the event a later move from
+    PENDING would have written, and its GPUs go into the counters in the same transaction."""
+    check_job_transition(JobStatus.PENDING, JobStatus.QUEUED)
+    job["status"] = JobStatus.QUEUED
+    add_held(session, job["team_id"], job["cluster"], gpus_of(job["spec"]))
+    return new_row(
+        JobEvent,
+        job_id=job["id"],
+        subject="job",
+        attempt_number=job["current_attempt"],
+        from_status=JobStatus.PENDING,
+        to_status=JobStatus.QUEUED,
+        reason="admitted",
+    )
 
 
 def _compare_and_set(

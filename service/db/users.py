@@ -40,7 +40,15 @@ def create_user(
 
 
 def user_by_token(session: Session, token: str) -> User | None:
-    return session.exec(select(User).where(User.token_hash == hash_token(token))).first()
+    found = member_by_token(session, token)
+    return found[0] if found else None
+
+
+def member_by_token(session: Session, token: str) -> tuple[User, Team] | None:
+    """The token's user and their team, in one statement."""
+    query = select(User, Team).join(Team).where(User.token_hash == hash_token(token))
+    row = session.exec(query).first()
+    return (row[0], row[1]) if row else None
 
 
 def bootstrap_admin(session: Session) -> str | None:

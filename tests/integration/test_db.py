@@ -14,6 +14,7 @@ from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
 from service.db.admission import admit_pending
+from service.db.held_gpus import held_everywhere
 from service.db.migrate import check, is_at_head
 from service.db.models import Job, JobEvent, User
 from service.db.session import get_engine
@@ -143,6 +144,53 @@ def test_idempotency_key_returns_the_same_job(database_url: str, user: User) -> 
                 idempotency_key="retry-1",
             )
         assert len(session.exec(select(Job)).all()) == 1
+
+
+def test_a_key_raced_by_concurrent_submits_admits_one_job_and_counts_its_gpus_once(
+    database_url: str, user: User
+) -> None:
+    """Submits admitted as they are stored (no quota, no cap) with the same Idempotency-Key at
+    once: one job, and the GPU counter holds its 2 GPUs once (a loser's count is undone)."""
+    spec = JobSpec.model_validate(tiny_spec())  # 1 node x 2 GPUs
+    barrier = threading.Barrier(4)
+    results: list[bool] = []
+
+    def submit() -> None:
+        with Session(get_engine(database_url)) as session:
+            barrier.wait()
+            stored = job_store.store_job(
+                session,
+                spec=spec,
+                plan=PLAN,
+                advice_reason="test",
+                user=user,
+                team_name="vision",
+                backend="local",
+                idempotency_key="raced",
+                admitted=True,
+            )
+            session.commit()
+            results.append(isinstance(stored, job_store.NewJob))
+
+    threads = [threading.Thread(target=submit) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with Session(get_engine(database_url)) as session:
+        jobs = session.exec(select(Job)).all()
+        assert len(results) == 4 and results.count(True) == 1
+        assert [job.status for job in jobs] == [JobStatus.QUEUED]
+        assert held_everywhere(session, {user.team_id: "vision"}).by_team == {"vision": 2}
+        events = [
+            (e.subject, e.from_status, e.to_status)
+            for e in job_store.events_of(session, jobs[0].id)
+        ]
+        assert events == [
+            ("job", None, JobStatus.PENDING),
+            ("attempt", None, AttemptStatus.QUEUED),
+            ("job", JobStatus.PENDING, JobStatus.QUEUED),
+        ]
 
 
 def test_listing_is_team_scoped_newest_first_and_paginated(database_url: str, user: User) -> None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlmodel import Session, col, select
 
-from service.api.deps import CurrentUser, SessionDep, SettingsDep, WriterUser
+from service.api.deps import CurrentUser, SessionDep, SettingsDep, WriterUser, WritingMember
 from service.api.errors import error_responses
 from service.api.schemas import (
     AttemptPublic,
@@ -28,8 +27,8 @@ from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import admit_submitted, refusal
-from service.db.models import Attempt, Checkpoint, Job, JobEvent, MetricPoint, Team, User
+from service.db.admission import WAITING_PREFIX, decide_submitted, refusal
+from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.transitions import move_job
 from service.logtail import read_from, tail_lines
 from service.metrics import ADVISOR_SECONDS
@@ -50,14 +49,13 @@ DETAIL_ROWS = 10_000
 )
 def create_job(
     spec: JobSpec,
-    user: WriterUser,
+    member: WritingMember,
     session: SessionDep,
     settings: SettingsDep,
-    response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> JobDetail:
+) -> Response:
     """Validate, plan and store a job; its launch is queued once the row is committed."""
-    team = _team_of(session, user)
+    user, team = member.user, member.team
     if spec.team is not None and spec.team != team.name:
         raise _unprocessable("team", f"you belong to team {team.name!r}, not {spec.team!r}")
     profile = _profile_for(settings, spec)
@@ -71,44 +69,46 @@ def create_job(
         raise _unprocessable("resources", str(exc)) from exc
     except ValueError as exc:  # e.g. zero.overrides that break the batch identity
         raise _unprocessable("zero.overrides", str(exc)) from exc
+    waiting = decide_submitted(
+        session, team, profile.name, gpus, spec.priority, cap=profile.max_gpus
+    )
     try:
-        job, created = job_store.create_job(
+        stored = job_store.store_job(
             session,
             spec=spec,
             plan=advice.plan.model_dump(mode="json"),
             advice_reason=" ".join([advice.reason, *advice.warnings]).strip(),
             user=user,
+            team_name=team.name,
             backend=profile.kind,
             idempotency_key=idempotency_key,
+            admitted=waiting is None,
+            waiting=WAITING_PREFIX + waiting if waiting else "",
         )
     except job_store.IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    if not created:  # an Idempotency-Key replay: the stored job, as it is now
-        response.status_code = status.HTTP_200_OK
-        return _detail(session, job, team.name)
-    admitted = admit_submitted(session, job, team, profile)
-    session.expire_on_commit = False  # the job as written is the answer: no re-read
+    if isinstance(stored, Job):  # an Idempotency-Key replay: the stored job, as it is now
+        return _json(_detail(session, stored, team.name), status.HTTP_200_OK)
+    answer = {**stored.job, "team": team.name}  # before the commit expires ``team``
     session.commit()
-    attempts = job_store.attempts_of(session, job.id)
-    if admitted:
-        _enqueue(settings, LAUNCH_ATTEMPT, attempts[0].id)
-    return _new_job_detail(job, team.name, attempts, job_store.events_of(session, job.id))
-
-
-def _new_job_detail(
-    job: Job, team: str, attempts: Sequence[Attempt], events: Sequence[JobEvent]
-) -> JobDetail:
-    """A job just stored: no metrics or checkpoints yet."""
-    return JobDetail.model_validate(
+    if waiting is None:
+        _enqueue(settings, LAUNCH_ATTEMPT, stored.attempt["id"])
+    detail = JobDetail.model_validate(  # from the rows as written: nothing to read back
         {
-            **_fields(job),
-            "team": team,
-            "attempts": [AttemptPublic.model_validate(a) for a in attempts],
-            "events": [EventPublic.model_validate(e) for e in events],
+            **answer,
+            "attempts": [stored.attempt],
+            "events": stored.events,
             "metrics": [],
             "checkpoints": [],
         }
     )
+    return _json(detail, status.HTTP_201_CREATED)
+
+
+def _json(detail: JobDetail, status_code: int) -> Response:
+    """Serialized once, here: returned as a model, FastAPI would dump, validate and serialize
+    it again, in a thread-pool hop of its own (on the submit's hot path)."""
+    return Response(detail.model_dump_json(), status_code, media_type="application/json")
 
 
 # A listing leads to its first job (OpenAPI links: clients and stateful fuzzers follow them).
@@ -271,12 +271,6 @@ def _profile_for(settings: Settings, spec: JobSpec) -> ClusterProfile:
 
 def _enqueue(settings: Settings, task: str, attempt_id: str) -> None:
     send_or_leave_to_sweep(settings.broker_url, task, attempt_id)
-
-
-def _team_of(session: Session, user: User) -> Team:
-    team = session.get(Team, user.team_id)
-    assert team is not None
-    return team
 
 
 def _team_names(session: Session) -> dict[int, str]:
