@@ -153,6 +153,28 @@ def test_a_lost_database_answers_503_with_retry_after(tmp_path: Path) -> None:
     assert "database is unavailable" in response.json()["detail"]
 
 
+def test_a_lone_surrogate_is_refused_naming_the_field_and_a_pair_is_kept(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    """Python's json writes (and reads) a lone surrogate as an escape; it is not Unicode, and
+    each one gave a 500 (in the error echo, in PostgreSQL). An escaped emoji is a valid pair."""
+    headers = {**auth(tokens["alice"]), "Content-Type": "application/json"}
+    cases = [(tiny_spec("\ud800"), ["name"]), (tiny_spec(env={"K": "x\udfff"}), ["env", "K"])]
+    for spec, field in cases:
+        body = json.dumps(spec).encode()
+        cut = body.index(b"\\u") + 3  # an escape split across two chunks, as a network may
+        for content in (body, iter([body[:cut], body[cut:]])):
+            response = client.post("/v1/jobs", content=content, headers=headers)
+            assert response.status_code == 422, response.text
+            assert response.json()["detail"][0]["loc"] == ["body", *field]
+            assert "lone UTF-16 surrogate" in response.json()["detail"][0]["msg"]
+    assert client.get("/v1/jobs", headers=headers).json()["count"] == 0
+
+    kept = client.post("/v1/jobs", json=tiny_spec(env={"K": "\U0001f600 \\ud800"}), headers=headers)
+    assert kept.status_code == 201, kept.text
+    assert kept.json()["spec"]["env"]["K"] == "\U0001f600 \\ud800"
+
+
 def big_spec() -> bytes:
     """A spec whose args make the body 1.5 MiB, over the default limit of 1 MiB."""
     return json.dumps(tiny_spec(args=["x" * 4000] * 400)).encode()

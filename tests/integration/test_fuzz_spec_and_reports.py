@@ -46,11 +46,11 @@ def nested(depth: int) -> Any:
 # or PostgreSQL cannot take, the wrong type, nesting past the limit or near recursion's.
 NUMBERS = [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30, -1, -(2**63) - 1, 0]
 NUMBERS += [float("nan"), float("inf"), float("-inf"), 1e308, -0.0]
-TEXTS = ["\x00", "a\x00b", "x" * 100_000, "\u202e\ud7ff", "", "1e999"]
+TEXTS = ["\x00", "a\x00b", "x" * 100_000, "\u202e\ud7ff", "", "1e999", "\ud800", "x\udfff"]
 TYPES = [True, None, [], {}, [1] * 10_000]
 DEEP = [nested(40), nested(700)]
 HOSTILE = st.one_of(*(st.sampled_from(kind) for kind in (NUMBERS, TEXTS, TYPES, DEEP)))
-HOSTILE_KEYS = st.sampled_from(["\x00", "k\x00", "x" * 5000, "", "NaN", "__proto__"])
+HOSTILE_KEYS = st.sampled_from(["\x00", "k\x00", "x" * 5000, "", "NaN", "__proto__", "\udc00"])
 
 
 def leaf_paths(document: Any, prefix: Path = ()) -> Iterator[Path]:
