@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Depends(get_current_user)],
         responses=error_responses(401) | V1_ERRORS,
     )
-    app.dependency_overrides[advice.cluster_profiles] = settings.cluster_profiles
+    app.state.cluster_profiles = settings.cluster_profiles
     # Added last, so outermost: the deadline covers reading the body too; the surrogate guard
     # sees only bodies within the size limit.
     app.add_middleware(SurrogateGuard)

@@ -54,6 +54,11 @@ class Member:
 
 
 def get_member(session: SessionDep, credentials: Credentials) -> Member:
+    return member_of(session, credentials)
+
+
+def member_of(session: Session, credentials: HTTPAuthorizationCredentials | None) -> Member:
+    """The caller behind the bearer token, or 401."""
     if credentials is None:
         raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
     found = member_by_token(session, credentials.credentials)
@@ -82,7 +87,11 @@ AdminUser = Annotated[User, Depends(get_admin)]
 
 
 async def get_writing_member(member: CurrentMember) -> Member:
-    """A member who may submit and cancel: anyone but a viewer."""
+    return writing(member)
+
+
+def writing(member: Member) -> Member:
+    """The member, if they may submit and cancel (anyone but a viewer), or 403."""
     user = member.user
     if not user.is_admin and not Role(user.role).can_write:
         raise HTTPException(

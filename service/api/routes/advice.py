@@ -1,17 +1,18 @@
 """Advice routes: plan a job's memory without submitting it, and lint a user's own ds_config.
 
 These routes only compute; they store nothing and touch no cluster. They know the cluster
-profiles through the ``cluster_profiles`` dependency, which returns only ``local`` here; the
-application overrides it with the configured profiles
-(``app.dependency_overrides[cluster_profiles] = ...``) so that this module imports nothing but
-``service.core`` and FastAPI.
+profiles through the ``cluster_profiles`` dependency: the application's
+``app.state.cluster_profiles`` (set by ``create_app``), else only ``local``, so that this module
+imports nothing but ``service.core`` and FastAPI. Not ``app.dependency_overrides``: while that
+mapping is not empty, FastAPI rebuilds every route's dependency tree on every request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
@@ -29,9 +30,12 @@ PolicyName = Literal["throughput", "capacity"]
 PLACEHOLDERS = {"name": "advice", "entrypoint": "train.py"}
 
 
-def cluster_profiles() -> dict[str, ClusterProfile]:
-    """The known cluster profiles by name; the application overrides this dependency."""
-    return {LOCAL_PROFILE.name: LOCAL_PROFILE}
+async def cluster_profiles(request: Request) -> dict[str, ClusterProfile]:
+    """The known cluster profiles by name."""
+    configured: Callable[[], dict[str, ClusterProfile]] | None = getattr(
+        request.app.state, "cluster_profiles", None
+    )
+    return configured() if configured else {LOCAL_PROFILE.name: LOCAL_PROFILE}
 
 
 ProfilesDep = Annotated[dict[str, ClusterProfile], Depends(cluster_profiles)]
