@@ -29,12 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH = 1000  # backlog jobs per transaction
 
 
-def zeropilot_users(database_url: str) -> str:
-    """Migrate the database; create the measured team's user and return its token."""
+def zeropilot_users(database_url: str, quota: int | None = None) -> str:
+    """Migrate the database; create the measured team's user (its team's GPU quota ``quota``)
+    and return its token."""
     upgrade(database_url)
     with Session(get_engine(database_url)) as session:
         token = create_user(session, "bench", "bench")
         create_user(session, "backlog", "backlog")
+        team = session.exec(select(Team).where(Team.name == "bench")).one()
+        team.gpu_quota = quota
+        session.add(team)
         session.commit()
     return token
 

@@ -13,7 +13,7 @@ the backlog (the shared test cluster keeps Slurm's default of 10,000 jobs, and o
 use it). Held jobs never reach a node, so no slurmd is started.
 
 Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--no-slurm]
-  a small run: --backlog 500 --submits 100
+  a small run: --backlog 500 --submits 100; the measured team under a quota: --quota 1000000
 """
 
 from __future__ import annotations
@@ -246,6 +246,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--slurm-dir", type=Path, default=Path("/tmp/zp-bench-slurm"))
     parser.add_argument("--no-slurm", action="store_true")
+    parser.add_argument(
+        "--quota",
+        type=int,
+        help="GPU quota of the measured team: each submit then takes the admission turn and "
+        "reads the counters (give one its jobs never reach, or they start to wait)",
+    )
     return parser.parse_args()
 
 
@@ -298,7 +304,7 @@ def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotC
         yield ZeropilotClient(args.api_url, args.token), args.database_url
         return
     with bench_database() as database_url:
-        token = zeropilot_users(database_url)
+        token = zeropilot_users(database_url, args.quota)
         with api_process(database_url, args.redis_url, args.api_workers, tmp) as url:
             yield ZeropilotClient(url, token), database_url
 
