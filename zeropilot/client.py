@@ -14,6 +14,7 @@ import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8321"
 SUBMIT_TRIES = 5
+READ_TRIES = 4  # a read (GET) changes nothing, so a lost connection or a 503 is read again
 BACKOFF_S = (1, 2, 4, 8)  # waits after a lost connection; a 503's Retry-After comes first
 RETRY_AFTER_MAX_S = 60.0  # a longer Retry-After is not worth holding a terminal for
 
@@ -154,6 +155,20 @@ class Client:
         return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request; a read is tried again after a lost connection or a 503 (honouring
+        Retry-After), up to ``READ_TRIES`` in all. A write is sent once: only ``submit``
+        knows how to send one again safely (its Idempotency-Key)."""
+        tries = READ_TRIES if method == "GET" else 1
+        for number in range(1, tries + 1):
+            try:
+                return self._send_once(method, path, **kwargs)
+            except (ApiError, httpx.TransportError) as exc:
+                if number == tries or self._retry_reason(exc) is None:
+                    raise
+                time.sleep(retry_delay(exc, number))
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _send_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             try:
