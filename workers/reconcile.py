@@ -47,10 +47,27 @@ def reconcile(settings: Settings) -> None:
     for attempt_id in _attempts_to_poll(settings):
         try:
             reconcile_attempt(settings, attempt_id)
+            _FAILING.pop(attempt_id, None)
         except TemporaryError as exc:
             log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
-        except Exception:  # one broken attempt or cluster must not stop the others' reconcile
-            log.exception("reconcile of attempt %s failed", attempt_id)
+        except Exception as exc:  # one broken attempt or cluster must not stop the others'
+            _log_failure(attempt_id, exc)
+
+
+# The last failure of each attempt whose reconcile fails, by this process: a failure that
+# repeats every tick is logged in full once, then in one line, not a traceback every tick.
+_FAILING: dict[str, str] = {}
+
+
+def _log_failure(attempt_id: str, exc: Exception) -> None:
+    what = f"{type(exc).__name__}: {exc}"
+    if _FAILING.get(attempt_id) == what:
+        log.warning("reconcile of attempt %s still failing: %s", attempt_id, what)
+        return
+    if len(_FAILING) >= 10_000:  # attempts that ended while failing: forget the oldest
+        del _FAILING[next(iter(_FAILING))]
+    _FAILING[attempt_id] = what
+    log.exception("reconcile of attempt %s failed", attempt_id)
 
 
 def _admit(settings: Settings) -> list[str]:
