@@ -11,7 +11,7 @@ from service.api.deps import get_current_user
 from service.api.docs import mount_docs
 from service.api.errors import error_responses, install_error_handlers
 from service.api.routes import advice, health, jobs, prometheus, runtime, teams, users
-from service.api.surrogates import SurrogateGuard
+from service.api.text_guard import TextGuard
 from service.logs import configure_logging
 from service.metrics import install_transition_metrics
 from service.settings import Settings, get_settings
@@ -46,9 +46,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=error_responses(401) | V1_ERRORS,
     )
     app.state.cluster_profiles = settings.cluster_profiles
-    # Added last, so outermost: the deadline covers reading the body too; the surrogate guard
-    # sees only bodies within the size limit.
-    app.add_middleware(SurrogateGuard)
+    # Added last, so outermost: the deadline covers reading the body too; the text guard sees
+    # only bodies within the size limit.
+    app.add_middleware(TextGuard)
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_request_bytes)
     app.add_middleware(Deadline, seconds=settings.api.request_deadline_s)
     return app

@@ -175,6 +175,35 @@ def test_a_lone_surrogate_is_refused_naming_the_field_and_a_pair_is_kept(
     assert kept.json()["spec"]["env"]["K"] == "\U0001f600 \\ud800"
 
 
+@pytest.mark.parametrize(
+    "method,url,where",
+    [
+        ("GET", "/v1/jobs/%00", "path"),
+        ("GET", "/v1/jobs?team=%00", "query"),
+        ("PATCH", "/v1/teams/%00", "path"),
+        ("GET", "/v1/jobs/a%00b/logs", "path"),
+    ],
+)
+def test_a_nul_in_the_url_is_refused_naming_it(
+    client: TestClient, tokens: dict[str, str], method: str, url: str, where: str
+) -> None:
+    """PostgreSQL text cannot hold a NUL: each of these gave a 500 from the lookup."""
+    body = {"gpu_quota": 1} if method == "PATCH" else None
+    response = client.request(method, url, json=body, headers=auth(tokens["root"]))
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"] == f"the URL's {where} holds a NUL character (%00)"
+
+
+def test_an_idempotency_key_must_be_printable_ascii(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    headers = {**auth(tokens["alice"]), "Idempotency-Key": "key\x00one"}
+    response = client.post("/v1/jobs", json=tiny_spec(), headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
+    assert client.get("/v1/jobs", headers=auth(tokens["alice"])).json()["count"] == 0
+
+
 def big_spec() -> bytes:
     """A spec whose args make the body 1.5 MiB, over the default limit of 1 MiB."""
     return json.dumps(tiny_spec(args=["x" * 4000] * 400)).encode()

@@ -62,7 +62,14 @@ async def create_job(
     spec: JobSpec,
     credentials: Credentials,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            pattern=r"^[!-~]+$",  # printable ASCII: PostgreSQL text cannot hold a NUL
+            description="a retried submit with the same key returns the job the first stored",
+        ),
+    ] = None,
 ) -> Response:
     """Validate, plan and store a job; its launch is queued once the row is committed."""
     # One hop to a worker thread for all of it (caller, session, submit): as dependencies and a

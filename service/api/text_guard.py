@@ -1,10 +1,15 @@
-"""A JSON body whose strings hold a lone UTF-16 surrogate (an escaped ``\\ud800`` without its
-partner) is refused 422 naming the field. Python's json module accepts one, but it is not
-Unicode: the error echo, PostgreSQL and the job's files would each fail on it later with a 500.
+"""Text no name, id or key can hold is refused at the door, before a handler or PostgreSQL
+meets it (each of these gave a 500 there):
 
-Bytes are scanned as they arrive for the escape (``\\uD800`` to ``\\uDFFF``); only a body that
-holds one is parsed here, once complete, to find the lone ones. A surrogate pair (an escaped
-emoji) is valid and passes.
+- a NUL character in the URL's path or query (``/v1/jobs/%00``, ``?team=%00``): PostgreSQL
+  text cannot hold one, so a lookup failed; answered 400 naming it;
+- a lone UTF-16 surrogate in a JSON body (an escaped ``\\ud800`` without its partner): Python's
+  json module accepts one, but it is not Unicode, and the error echo, PostgreSQL and the job's
+  files each failed on it; answered 422 naming the field.
+
+Body bytes are scanned as they arrive for the escape (``\\uD800`` to ``\\uDFFF``); only a body
+that holds one is parsed here, once complete, to find the lone ones. A surrogate pair (an
+escaped emoji) is valid and passes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ _ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _ESCAPE_LEN = 4  # bytes of a partial escape that may end one chunk and go on in the next
 
 
-class SurrogateGuard:
+class TextGuard:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
@@ -27,7 +32,26 @@ class SurrogateGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if where := _nul_in_url(scope):
+            await _answer(send, 400, f"the URL's {where} holds a NUL character (%00)")
+            return
         await _GuardedRequest(self.app, scope, receive, send).run()
+
+
+def _nul_in_url(scope: Scope) -> str | None:
+    if "\x00" in scope["path"]:  # the server has decoded %00 in the path already
+        return "path"
+    query: bytes = scope.get("query_string", b"")
+    if b"\x00" in query or b"%00" in query:
+        return "query"
+    return None
+
+
+async def _answer(send: Send, status: int, detail: Any) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _GuardedRequest:
@@ -72,10 +96,7 @@ class _GuardedRequest:
                 "type": "value_error",
             }
         ]
-        body = json.dumps({"detail": detail}).encode()
-        headers = [(b"content-type", b"application/json")]
-        await self._send({"type": "http.response.start", "status": 422, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body})
+        await _answer(self._send, 422, detail)
 
 
 def lone_surrogate_at(body: bytes) -> list[str | int] | None:
