@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 from sqlmodel import Session
 
 from service.db.session import get_engine
@@ -187,3 +187,29 @@ def _advisor_reads_a_hugging_face_config(page: Page, http: httpx.Client) -> None
     label = page.locator("#advice-plan h2")
     expect(label).to_contain_text(f"mb={plan['micro_batch_size']}\u00d7")
     expect(label).to_contain_text(f"ZeRO-{plan['zero_stage']} ")
+
+
+def test_a_page_left_while_it_loads_does_not_paint_over_the_next(
+    page: Page, stack: Stack, token: str
+) -> None:
+    """A job's page whose data arrives after the user went to Teams must not replace Teams
+    (under load CI saw exactly that: the job page painted over the queue)."""
+    http = httpx.Client(base_url=stack.url, headers=auth(token), timeout=30)
+    job_id = http.post("/v1/jobs", json=yaml.safe_load(example_yaml())).json()["id"]
+    sign_in(page, stack.url, token)
+    held: list[Route] = []
+    page.route(f"**/v1/jobs/{job_id}", lambda route: held.append(route))  # held until released
+
+    page.evaluate(f"location.hash = '#/jobs/{job_id}'")
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the job page never asked for its job"
+    page.click("a[data-nav=teams]")
+    expect(page.locator("main h1")).to_have_text("Teams")
+    held[0].continue_()  # the job page's data arrives now, too late
+    page.wait_for_timeout(1500)  # a poll of its own (every 2 s) would also have started by now
+
+    expect(page.locator("main h1")).to_have_text("Teams")
+    expect(page.locator("#job-head")).to_have_count(0)

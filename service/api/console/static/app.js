@@ -43,6 +43,14 @@ function fill(node, ...children) {
 }
 function show(...nodes) { fill(main(), ...nodes); }
 function every(ms, fn) { timers.push(setInterval(fn, ms)); }
+// Each route() starts a new page; a view still loading when the user moved on must neither paint
+// over the new page nor leave its timer running, so views paint through current().
+let generation = 0;
+function current() {
+  const mine = generation;
+  const live = () => mine === generation;
+  return { live, show: (...nodes) => live() && show(...nodes), every: (ms, fn) => live() && every(ms, fn) };
+}
 
 // ---------- formatting ----------
 function fmtBytes(n) {
@@ -122,6 +130,7 @@ function signInView() {
 
 // ---------- router ----------
 async function route() {
+  const mine = ++generation;
   timers.forEach(clearInterval);
   timers = [];
   const who = document.getElementById("who");
@@ -129,18 +138,20 @@ async function route() {
   if (!token()) { who.textContent = ""; out.hidden = true; signInView(); return; }
   if (!me) {
     try { me = await api("/v1/me"); } catch (e) { if (!token()) return; show(errorBox(e)); return; }
+    if (mine !== generation) return;  // the user moved on while it loaded
   }
   who.textContent = `${me.name} · ${me.team}${me.is_admin ? " · admin" : ""}${me.role && me.role !== "member" ? ` · ${me.role}` : ""}`;
   out.hidden = false;
   const [, page, id] = (location.hash || "#/jobs").split("/");
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === page));
   const views = { jobs: () => (id ? jobView(decodeURIComponent(id)) : jobsView()), advisor: advisorView, teams: teamsView };
-  try { await (views[page] || jobsView)(); } catch (e) { show(errorBox(e)); }
+  try { await (views[page] || jobsView)(); } catch (e) { if (mine === generation) show(errorBox(e)); }
 }
 const errorBox = (e) => el("div", { class: "card error" }, String(e.message || e));
 
 // ---------- jobs list and submission ----------
 async function jobsView() {
+  const screen = current();
   const statusSelect = el("select", { id: "filter-status" }, el("option", { value: "" }, "all statuses"),
     STATUSES.map((s) => el("option", { value: s }, s)));
   const teamSelect = el("select", { id: "filter-team", hidden: !me.is_admin }, el("option", { value: "" }, "all teams"));
@@ -160,7 +171,7 @@ async function jobsView() {
   };
   statusSelect.addEventListener("change", refresh);
   teamSelect.addEventListener("change", refresh);
-  show(
+  screen.show(
     submitCard(),
     el("div", { class: "card" },
       el("div", { class: "row" }, el("h2", { style: "flex:1;margin:0" }, "Jobs"), count, statusSelect, teamSelect),
@@ -168,7 +179,7 @@ async function jobsView() {
         "plan", "attempts", "age"].map((h) => el("th", {}, h)))), table)),
   );
   await refresh();
-  every(3000, () => refresh().catch(() => {}));
+  screen.every(3000, () => refresh().catch(() => {}));
 }
 function jobRow(job) {
   return el("tr", { class: "clickable", "data-job": job.id, onclick: () => { location.hash = `#/jobs/${job.id}`; } },
@@ -205,6 +216,7 @@ function submitCard() {
 
 // ---------- one job ----------
 async function jobView(id) {
+  const screen = current();
   const [job, clusters] = await Promise.all([api(`/v1/jobs/${id}`), api("/console/api/clusters")]);
   const budget = (clusters.find((c) => c.name === job.cluster) || {}).budget_bytes;
   const sections = {
@@ -219,7 +231,7 @@ async function jobView(id) {
   const log = logPanel(id);
   const spec = el("div", { class: "card" }, el("details", {}, el("summary", {}, "Spec"),
     el("pre", { id: "job-spec" }, JSON.stringify(job.spec, null, 2))));
-  show(sections.head, sections.plan, el("div", { class: "grid2" }, sections.loss, sections.rate),
+  screen.show(sections.head, sections.plan, el("div", { class: "grid2" }, sections.loss, sections.rate),
     sections.attempts, sections.memory, sections.checkpoints, log.node, spec);
   const paint = (j) => {
     renderHead(sections.head, j);
@@ -231,7 +243,7 @@ async function jobView(id) {
   };
   paint(job);
   await log.poll(job);
-  every(2000, async () => {
+  screen.every(2000, async () => {
     const fresh = await api(`/v1/jobs/${id}`).catch(() => null);
     if (!fresh) return;
     paint(fresh);
@@ -434,6 +446,7 @@ function fmtTick(v) {
 
 // ---------- advisor ----------
 async function advisorView() {
+  const screen = current();
   const known = await api("/console/api/clusters");
   const cluster = known.find((c) => c.name !== "local") || known[0];
   const spec = el("textarea", { id: "advice-spec", spellcheck: "false" },
@@ -463,7 +476,7 @@ async function advisorView() {
       fill(out, ...adviceView(advice, budget));
     } catch (e) { fill(out, el("p", { class: "error" }, e.message)); }
   };
-  show(el("div", { class: "card" }, el("h1", {}, "Advisor"),
+  screen.show(el("div", { class: "card" }, el("h1", {}, "Advisor"),
     el("p", { class: "muted" }, "Paste or upload a job spec (YAML or JSON; the model, training and resources parts are enough). Nothing is submitted."),
     spec, el("div", { class: "row" }, el("button", { id: "advise", onclick: run }, "Advise"),
       el("label", { class: "small" }, "spec file ", file), el("label", { class: "small" }, "or a Hugging Face config.json ", hf))), out);
@@ -545,6 +558,7 @@ function candidateLabel(c) {
 
 // ---------- teams and queue ----------
 async function teamsView() {
+  const screen = current();
   const teams = el("tbody", { id: "teams" });
   const queue = el("tbody", { id: "queue" });
   const refresh = async () => {
@@ -556,13 +570,13 @@ async function teamsView() {
       el("td", {}, String(q.gpus)), el("td", {}, String(q.priority)), el("td", { title: fmtTime(q.submitted_at) }, fmtAge(q.submitted_at)), el("td", { class: "small" }, q.why))));
     if (!waiting.length) queue.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "Nothing waits for admission.")));
   };
-  show(el("div", { class: "card" }, el("h1", {}, "Teams"), el("p", { class: "muted small" }, me.is_admin ? "Every team (you are an admin)." : "Your team."),
+  screen.show(el("div", { class: "card" }, el("h1", {}, "Teams"), el("p", { class: "muted small" }, me.is_admin ? "Every team (you are an admin)." : "Your team."),
     el("table", {}, el("thead", {}, el("tr", {}, ["team", "GPUs held / quota", "fair share", "jobs waiting"].map((h) => el("th", {}, h)))), teams)),
   el("div", { class: "card" }, el("h2", {}, "Queue, in admission order"),
     el("p", { class: "muted small" }, "Higher priority first, then the team holding the fewest GPUs per share, then the oldest."),
     el("table", {}, el("thead", {}, el("tr", {}, ["#", "job", "team", "cluster", "GPUs", "priority", "waiting", "why"].map((h) => el("th", {}, h)))), queue)));
   await refresh();
-  every(3000, () => refresh().catch(() => {}));
+  screen.every(3000, () => refresh().catch(() => {}));
 }
 function quotaBar(held, quota) {
   const W = 220, fill = quota ? Math.min(1, held / quota) : 0;
