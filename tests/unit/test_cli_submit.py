@@ -5,67 +5,19 @@ database outage and a lost answer are in tests/e2e/test_cli.py."""
 
 from __future__ import annotations
 
-import json
 import socket
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
 
+from tests.unit.scripted_api import Answer, ScriptedApi, serve
 from zeropilot.cli import app
 from zeropilot.client import RETRY_AFTER_MAX_S, retry_delay
 
-Answer = tuple[int, dict[str, str], dict[str, Any]]  # status, headers, JSON body
 JOB = {"id": "j1", "name": "tiny", "status": "QUEUED", "plan": {}, "advice_reason": ""}
 OUTAGE: Answer = (503, {"Retry-After": "0"}, {"detail": "the database is unavailable; retry"})
 STORED: Answer = (201, {}, JOB)
-
-
-class ScriptedApi:
-    """Answers POST /v1/jobs from a script, in order, and records each Idempotency-Key."""
-
-    def __init__(self, answers: list[Answer]) -> None:
-        self.answers = answers
-        self.keys: list[str | None] = []
-        script = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["Content-Length"]))
-                script.keys.append(self.headers.get("Idempotency-Key"))
-                code, headers, body = script.answers[min(len(script.keys), len(answers)) - 1]
-                payload = json.dumps(body).encode()
-                self.send_response(code)
-                for name, value in {**headers, "Content-Length": str(len(payload))}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-@pytest.fixture
-def scripted() -> Iterator[list[ScriptedApi]]:
-    made: list[ScriptedApi] = []
-    yield made
-    for api in made:
-        api.server.shutdown()
-        api.server.server_close()
-
-
-def serve(scripted: list[ScriptedApi], *answers: Answer) -> ScriptedApi:
-    api = ScriptedApi(list(answers))
-    scripted.append(api)
-    return api
 
 
 def spec(tmp_path: Path, text: str = "name: tiny\nentrypoint: train.py\n") -> Path:
