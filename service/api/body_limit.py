@@ -4,9 +4,9 @@ request is cut off at the first chunk past the limit, so nothing larger is ever 
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.asgi import send_json
 
 
 def too_large_message(limit: int) -> str:
@@ -32,10 +32,8 @@ class BodyLimit:
         await _CountedRequest(self, scope, receive, send).run()
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": too_large_message(self.max_bytes)}).encode()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        close = [(b"connection", b"close")]
+        await send_json(send, 413, too_large_message(self.max_bytes), close)
 
 
 class _CountedRequest:

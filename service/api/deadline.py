@@ -4,10 +4,10 @@ bounded by the limits in ``service.core.limits``, and the deadline bounds the cl
 
 from __future__ import annotations
 
-import json
-
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.asgi import send_json
 
 
 def past_deadline_message(seconds: float) -> str:
@@ -33,7 +33,4 @@ class Deadline:
         with anyio.move_on_after(self.seconds) as timer:
             await self.app(scope, receive, tracked_send)
         if timer.cancelled_caught and not started:
-            body = json.dumps({"detail": past_deadline_message(self.seconds)}).encode()
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": 504, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send_json(send, 504, past_deadline_message(self.seconds))

@@ -86,10 +86,6 @@ async def get_admin(user: CurrentUser) -> User:
 AdminUser = Annotated[User, Depends(get_admin)]
 
 
-async def get_writing_member(member: CurrentMember) -> Member:
-    return writing(member)
-
-
 def writing(member: Member) -> Member:
     """The member, if they may submit and cancel (anyone but a viewer), or 403."""
     user = member.user
@@ -101,11 +97,8 @@ def writing(member: Member) -> Member:
     return member
 
 
-WritingMember = Annotated[Member, Depends(get_writing_member)]
-
-
-async def get_writer(member: WritingMember) -> User:
-    return member.user
+async def get_writer(member: CurrentMember) -> User:
+    return writing(member).user
 
 
 WriterUser = Annotated[User, Depends(get_writer)]

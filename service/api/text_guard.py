@@ -20,6 +20,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.asgi import send_json
+
 _ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _ESCAPE_LEN = 4  # bytes of a partial escape that may end one chunk and go on in the next
 
@@ -33,7 +35,7 @@ class TextGuard:
             await self.app(scope, receive, send)
             return
         if where := _nul_in_url(scope):
-            await _answer(send, 400, f"the URL's {where} holds a NUL character (%00)")
+            await send_json(send, 400, f"the URL's {where} holds a NUL character (%00)")
             return
         await _GuardedRequest(self.app, scope, receive, send).run()
 
@@ -45,13 +47,6 @@ def _nul_in_url(scope: Scope) -> str | None:
     if b"\x00" in query or b"%00" in query:
         return "query"
     return None
-
-
-async def _answer(send: Send, status: int, detail: Any) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 class _GuardedRequest:
@@ -96,7 +91,7 @@ class _GuardedRequest:
                 "type": "value_error",
             }
         ]
-        await _answer(self._send, 422, detail)
+        await send_json(self._send, 422, detail)
 
 
 def lone_surrogate_at(body: bytes) -> list[str | int] | None:
