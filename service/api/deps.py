@@ -14,7 +14,7 @@ from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Job, Team, User
 from service.db.session import get_engine
-from service.db.users import member_by_token
+from service.db.users import Caller, caller_by_token, member_by_token
 from service.security import attempt_token_valid
 from service.settings import Settings
 
@@ -59,12 +59,26 @@ def get_member(session: SessionDep, credentials: Credentials) -> Member:
 
 def member_of(session: Session, credentials: HTTPAuthorizationCredentials | None) -> Member:
     """The caller behind the bearer token, or 401."""
-    if credentials is None:
-        raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
-    found = member_by_token(session, credentials.credentials)
+    found = member_by_token(session, _token(credentials))
     if found is None:
         raise _unauthorized("unknown or revoked token")
     return Member(*found)
+
+
+def submitter_of(session: Session, credentials: HTTPAuthorizationCredentials | None) -> Caller:
+    """The caller behind the bearer token as plain values, if they may submit; 401 or 403."""
+    caller = caller_by_token(session, _token(credentials))
+    if caller is None:
+        raise _unauthorized("unknown or revoked token")
+    if not caller.can_write:
+        raise _viewer(caller.user_name)
+    return caller
+
+
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None:
+        raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
+    return credentials.credentials
 
 
 CurrentMember = Annotated[Member, Depends(get_member)]
@@ -90,11 +104,15 @@ def writing(member: Member) -> Member:
     """The member, if they may submit and cancel (anyone but a viewer), or 403."""
     user = member.user
     if not user.is_admin and not Role(user.role).can_write:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            detail=f"user {user.name} is a viewer: viewers read jobs but cannot submit or cancel",
-        )
+        raise _viewer(user.name)
     return member
+
+
+def _viewer(name: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        detail=f"user {name} is a viewer: viewers read jobs but cannot submit or cancel",
+    )
 
 
 async def get_writer(member: CurrentMember) -> User:

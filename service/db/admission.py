@@ -25,6 +25,7 @@ from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
 from service.db.models import AdmissionTurn, HeldGpus, Job, Team, utcnow
 from service.db.transitions import move_job
+from service.db.users import Caller
 
 WAITING_PREFIX = "waiting: "
 
@@ -47,7 +48,7 @@ def held(session: Session, team_names: dict[int, str]) -> Held:
 
 
 def decide_submitted(
-    session: Session, team: Team, cluster: str, gpus: int, priority: int, cap: int | None
+    session: Session, caller: Caller, cluster: str, gpus: int, priority: int, cap: int | None
 ) -> str | None:
     """Whether a job about to be stored may be admitted at once: None if so (store it QUEUED
     and launch it after the commit), else why it waits (store it PENDING with that message).
@@ -55,32 +56,33 @@ def decide_submitted(
     Without a team quota or a cluster cap nothing can hold it back, and no statement is needed.
     Otherwise the decision takes the admission turn (held until the commit, so the job is in
     the table before the next decision) and reads the counters in one statement."""
-    if team.gpu_quota is None and cap is None:
+    team = caller.team_name
+    if caller.gpu_quota is None and cap is None:
         return None
     _take_turn(session)
-    held, team_waits, cluster_waits = _submit_view(session, team, cluster)
-    limits = Limits(team_quota={team.name: team.gpu_quota}, cluster_cap={cluster: cap})
-    new = Waiting("new", team.name, cluster, gpus, priority, utcnow())
+    held, team_waits, cluster_waits = _submit_view(session, caller, cluster)
+    limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
+    new = Waiting("new", team, cluster, gpus, priority, utcnow())
     if why := admit([new], held, limits).waiting.get("new"):
         return why
     # Another job waits where it shares a limit with this one: the full pass orders them.
-    if team.gpu_quota is not None and team_waits:
-        return f"other jobs of team {team.name} wait too; the next admission pass orders them"
+    if caller.gpu_quota is not None and team_waits:
+        return f"other jobs of team {team} wait too; the next admission pass orders them"
     if cap is not None and cluster_waits:
         return f"other jobs wait for cluster {cluster}; the next admission pass orders them"
     return None
 
 
-def _submit_view(session: Session, team: Team, cluster: str) -> tuple[Held, bool, bool]:
+def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, bool, bool]:
     """GPUs held by the team and on the cluster, and whether jobs wait in either."""
     held = select(func.coalesce(func.sum(HeldGpus.gpus), 0))
-    by_team = held.where(col(HeldGpus.team_id) == team.id).scalar_subquery()
+    by_team = held.where(col(HeldGpus.team_id) == caller.team_id).scalar_subquery()
     by_cluster = held.where(col(HeldGpus.cluster) == cluster).scalar_subquery()
     pending = col(Job.status) == JobStatus.PENDING
-    team_waits = exists().where(pending, col(Job.team_id) == team.id)
+    team_waits = exists().where(pending, col(Job.team_id) == caller.team_id)
     cluster_waits = exists().where(pending, col(Job.cluster) == cluster)
     row = session.execute(select(by_team, by_cluster, team_waits, cluster_waits)).one()
-    usage = Held(by_team={team.name: int(row[0])}, by_cluster={cluster: int(row[1])})
+    usage = Held(by_team={caller.team_name: int(row[0])}, by_cluster={cluster: int(row[1])})
     return usage, bool(row[2]), bool(row[3])
 
 
@@ -121,10 +123,11 @@ def any_waiting(session: Session) -> bool:
     return first is not None
 
 
-def refusal(team: Team, cluster: str, gpus: int, cap: int | None) -> str | None:
-    """Why a job of ``gpus`` GPUs could never be admitted, or None."""
-    limits = Limits(team_quota={team.name: team.gpu_quota}, cluster_cap={cluster: cap})
-    return never_fits(gpus, team.name, cluster, limits)
+def refusal(caller: Caller, cluster: str, gpus: int, cap: int | None) -> str | None:
+    """Why a job of ``gpus`` GPUs could never be admitted in the caller's team, or None."""
+    team = caller.team_name
+    limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
+    return never_fits(gpus, team, cluster, limits)
 
 
 def _take_turn(session: Session) -> None:

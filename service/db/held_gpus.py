@@ -14,14 +14,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from service.core.admission import Held
+from service.db import plain
 from service.db.models import HeldGpus
 
 
 def add_held(session: Session, team_id: int, cluster: str, gpus: int) -> None:
     """Add ``gpus`` (negative: release them) to the team's count on the cluster."""
-    statement = _upsert(session.get_bind().dialect.name)
     values = {"team_id": team_id, "cluster": cluster, "gpus": gpus}
-    session.connection().execute(statement, values)  # plain: no ORM objects to synchronize
+    statement = _upsert(session.get_bind().dialect.name)
+    plain.execute(session, statement, [values], keys=list(values))  # no ORM objects to sync
 
 
 @lru_cache(maxsize=2)

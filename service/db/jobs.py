@@ -25,6 +25,7 @@ from service.db.models import (
 )
 from service.db.rows import Row, insert_rows, new_row
 from service.db.transitions import admit_on_creation, record_created
+from service.db.users import Caller
 from service.metrics import count_new_job_events
 
 
@@ -74,8 +75,7 @@ def create_job(
         spec=spec,
         plan=plan,
         advice_reason=advice_reason,
-        user=user,
-        team_name=team.name,
+        caller=Caller.of(user, team),
         backend=backend,
         idempotency_key=idempotency_key,
     )
@@ -92,8 +92,7 @@ def store_job(
     spec: JobSpec,
     plan: dict[str, Any],
     advice_reason: str,
-    user: User,
-    team_name: str,
+    caller: Caller,
     backend: str,
     idempotency_key: str | None,
     admitted: bool = False,
@@ -107,14 +106,14 @@ def store_job(
     """
     stored_spec = spec.model_dump(mode="json")
     digest = _digest(stored_spec)
-    if idempotency_key and (existing := _job_by_key(session, user.team_id, idempotency_key)):
+    if idempotency_key and (existing := _job_by_key(session, caller.team_id, idempotency_key)):
         return _same_spec_or_conflict(existing, digest)
     job = new_row(
         Job,
         id=new_id(),
         name=spec.name,
-        team_id=user.team_id,
-        user_id=user.id or 0,
+        team_id=caller.team_id,
+        user_id=caller.user_id,
         priority=spec.priority,
         cluster=spec.resources.cluster,
         spec=stored_spec,
@@ -125,7 +124,7 @@ def store_job(
         current_attempt=1,
         message=waiting,
     )
-    events = [record_created(job["id"], f"submitted by {user.name}")]
+    events = [record_created(job["id"], f"submitted by {caller.user_name}")]
 
     def write_job() -> None:
         if admitted:  # QUEUED from the start; its GPUs counted with the insert
@@ -139,7 +138,7 @@ def store_job(
             with session.begin_nested():  # a concurrent POST with the same key loses here
                 write_job()
         except IntegrityError:
-            existing = _job_by_key(session, user.team_id, idempotency_key)
+            existing = _job_by_key(session, caller.team_id, idempotency_key)
             if existing is None:
                 raise
             return _same_spec_or_conflict(existing, digest)
@@ -157,7 +156,7 @@ def store_job(
     planned = new_row(JobEvent, **_attempt_planned(job["id"], 1, "advisor"))
     events.insert(1, planned)  # as they happened: job, attempt, admission
     insert_rows(session, JobEvent, events)
-    count_new_job_events(session, events, job["cluster"], team_name)
+    count_new_job_events(session, events, job["cluster"], caller.team_name)
     return NewJob(job, attempt, events)
 
 

@@ -1,4 +1,4 @@
-"""New rows as plain dicts, written with one INSERT per table: the submit's hot path.
+"""New rows as plain dicts, written by statements compiled once (``plain``): the submit's hot path.
 
 Building a SQLModel table object validates and instruments every field, and the ORM's unit of
 work then tracks it; for rows written once and answered at once, that was most of a submit's
@@ -12,8 +12,11 @@ from functools import lru_cache
 from typing import Any
 
 from pydantic_core import PydanticUndefined
-from sqlalchemy import insert
+from sqlalchemy import Insert, Table, insert
+from sqlalchemy.sql.dml import ReturningInsert
 from sqlmodel import Session, SQLModel
+
+from service.db import plain
 
 Row = dict[str, Any]
 
@@ -44,13 +47,23 @@ def _defaults(model: type[SQLModel]) -> list[tuple[str, Any, Callable[[], Any] |
 
 
 def insert_rows(session: Session, model: type[SQLModel], rows: list[Row]) -> None:
-    """One INSERT for the rows, in the session's transaction; an autoincrement ``id`` left
-    None is filled from the database, in order."""
+    """One INSERT per row, sent together, in the session's transaction; an autoincrement
+    ``id`` left None is filled from the database, in order."""
     table = model.__table__  # type: ignore[attr-defined]
     if rows[0].get("id", "") is None:
-        values = [{k: v for k, v in row.items() if k != "id"} for row in rows]
-        statement = insert(table).returning(table.c.id, sort_by_parameter_order=True)
-        for row, (row_id,) in zip(rows, session.execute(statement, values), strict=True):
+        keys = [key for key in rows[0] if key != "id"]
+        returned = plain.execute(session, _returning_id(table), rows, keys=keys, fetch=True)
+        for row, (row_id,) in zip(rows, returned, strict=True):
             row["id"] = row_id
     else:
-        session.execute(insert(table), rows)
+        plain.execute(session, _insert(table), rows, keys=list(rows[0]))
+
+
+@lru_cache(maxsize=16)
+def _insert(table: Table) -> Insert:
+    return insert(table)
+
+
+@lru_cache(maxsize=16)
+def _returning_id(table: Table) -> ReturningInsert[Any]:
+    return insert(table).returning(table.c.id)

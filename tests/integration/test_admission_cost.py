@@ -1,8 +1,9 @@
 """A submit costs the database the same with 10 or 1,000 jobs already stored.
 
-Counted, not timed: the SQL statements one POST /v1/jobs sends and the rows they return, on
-PostgreSQL, once with 10 jobs stored and again with 1,000. Admission per submit reads counters
-and indexed "is anything waiting here?" probes; only the workers' periodic pass scans.
+Counted, not timed: the SQL statements one POST /v1/jobs sends and the rows they return, at the
+driver's cursor (which both the ORM and ``service.db.plain`` use), on PostgreSQL, once with 10
+jobs stored and again with 1,000. Admission per submit reads counters and indexed "is anything
+waiting here?" probes; only the workers' periodic pass scans.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
@@ -80,25 +82,34 @@ def set_quota(database_url: str, team_name: str, gpus: int) -> None:
 
 
 def counted_submit(client: TestClient, database_url: str, token: str) -> tuple[Cost, Any]:
-    """Submit one job and count what it asked of the database."""
+    """Submit one job and count what it asked of the database, at the driver: statements sent
+    through the ORM and those the hot path runs on the cursor itself (``service.db.plain``)."""
     cost = Cost()
 
-    def before(*_: Any) -> None:
-        cost.statements += 1
+    class CountingCursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            cost.statements += 1
+            done = super().execute(query, params, **kwargs)
+            if self.description is not None:  # a statement that returns rows
+                cost.rows += max(self.rowcount, 0)
+            return done
 
-    def after(_conn: Any, cursor: Any, statement: str, *_: Any) -> None:
-        if cursor.description is not None:  # a statement that returns rows
-            cost.rows += max(cursor.rowcount, 0)
+    counting: list[psycopg.Connection[Any]] = []
+
+    def count_on(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.cursor_factory = CountingCursor
+        counting.append(dbapi_connection)
 
     engine = get_engine(database_url)
-    event.listen(engine, "before_cursor_execute", before)
-    event.listen(engine, "after_cursor_execute", after)
+    event.listen(engine, "checkout", count_on)
     try:
         response = client.post("/v1/jobs", json=tiny_spec("measured"), headers=auth(token))
     finally:
-        event.remove(engine, "before_cursor_execute", before)
-        event.remove(engine, "after_cursor_execute", after)
+        event.remove(engine, "checkout", count_on)
+        for connection in counting:  # back in the pool: count nothing else
+            connection.cursor_factory = psycopg.Cursor
     assert response.status_code == 201, response.text
+    assert cost.statements > 0, "nothing counted: the cursor factory was not used"
     return cost, response.json()
 
 

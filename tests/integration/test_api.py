@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.api.app import create_app
 from service.security import attempt_token
-from service.settings import Settings
+from service.settings import BrokerSettings, Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT
 from tests.integration.helpers import auth, queued_tasks, tiny_spec
 
@@ -40,6 +41,22 @@ def test_submit_stores_plan_and_enqueues_launch_after_commit(
     attempt = job["attempts"][0]
     assert attempt["plan"] == job["plan"]
     assert queued_tasks(redis_url) == [(LAUNCH_ATTEMPT, [attempt["id"]])]
+
+
+def test_a_submit_while_the_broker_is_down_is_stored_and_left_to_the_sweep(
+    settings: Settings, tokens: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis refusing connections: the job is stored and answered as usual (the reconcile
+    sweep sends launches left without progress), and the log says why nothing was sent."""
+    down = settings.model_copy(update={"broker": BrokerSettings(url="redis://127.0.0.1:1/0")})
+    with TestClient(create_app(down)) as client:
+        response = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"]))
+        assert response.status_code == 201, response.text
+        job = client.get(f"/v1/jobs/{response.json()['id']}", headers=auth(tokens["alice"]))
+    assert job.json()["status"] == "QUEUED"
+    attempt = response.json()["attempts"][0]["id"]
+    assert f"could not enqueue {LAUNCH_ATTEMPT} for attempt {attempt}" in caplog.text
+    assert "Connection refused" in caplog.text
 
 
 def test_idempotency_key_returns_the_same_job(

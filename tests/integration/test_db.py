@@ -19,7 +19,7 @@ from service.db.migrate import check, is_at_head
 from service.db.models import Job, JobEvent, User
 from service.db.session import get_engine
 from service.db.transitions import move_attempt, move_job
-from service.db.users import bootstrap_admin, create_user, user_by_token
+from service.db.users import Caller, bootstrap_admin, create_user, user_by_token
 from tests.integration.helpers import tiny_spec
 
 PLAN = {"zero_stage": 2, "activation_checkpointing": False, "ds_config": {"train_batch_size": 8}}
@@ -163,8 +163,9 @@ def test_a_key_raced_by_concurrent_submits_admits_one_job_and_counts_its_gpus_on
                 spec=spec,
                 plan=PLAN,
                 advice_reason="test",
-                user=user,
-                team_name="vision",
+                caller=Caller(
+                    user.id or 0, user.name, False, "member", user.team_id, "vision", None
+                ),
                 backend="local",
                 idempotency_key="raced",
                 admitted=True,

@@ -16,8 +16,7 @@ from service.api.deps import (
     SessionDep,
     SettingsDep,
     WriterUser,
-    member_of,
-    writing,
+    submitter_of,
 )
 from service.api.errors import error_responses
 from service.api.schemas import (
@@ -94,13 +93,13 @@ def _store_submitted(
     settings: Settings,
     idempotency_key: str | None,
 ) -> Response:
-    member = writing(member_of(session, credentials))
-    user, team = member.user, member.team
-    if spec.team is not None and spec.team != team.name:
-        raise _unprocessable("team", f"you belong to team {team.name!r}, not {spec.team!r}")
+    caller = submitter_of(session, credentials)
+    team = caller.team_name
+    if spec.team is not None and spec.team != team:
+        raise _unprocessable("team", f"you belong to team {team!r}, not {spec.team!r}")
     profile = _profile_for(settings, spec)
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
-    if why := refusal(team, profile.name, gpus, profile.max_gpus):
+    if why := refusal(caller, profile.name, gpus, profile.max_gpus):
         raise _unprocessable("resources", why)
     try:
         with ADVISOR_SECONDS.labels("/v1/jobs").time():
@@ -110,7 +109,7 @@ def _store_submitted(
     except ValueError as exc:  # e.g. zero.overrides that break the batch identity
         raise _unprocessable("zero.overrides", str(exc)) from exc
     waiting = decide_submitted(
-        session, team, profile.name, gpus, spec.priority, cap=profile.max_gpus
+        session, caller, profile.name, gpus, spec.priority, cap=profile.max_gpus
     )
     try:
         stored = job_store.store_job(
@@ -118,8 +117,7 @@ def _store_submitted(
             spec=spec,
             plan=advice.plan.model_dump(mode="json"),
             advice_reason=" ".join([advice.reason, *advice.warnings]).strip(),
-            user=user,
-            team_name=team.name,
+            caller=caller,
             backend=profile.kind,
             idempotency_key=idempotency_key,
             admitted=waiting is None,
@@ -128,8 +126,8 @@ def _store_submitted(
     except job_store.IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
     if isinstance(stored, Job):  # an Idempotency-Key replay: the stored job, as it is now
-        return _json(_detail(session, stored, team.name), status.HTTP_200_OK)
-    answer = {**stored.job, "team": team.name}  # before the commit expires ``team``
+        return _json(_detail(session, stored, team), status.HTTP_200_OK)
+    answer = {**stored.job, "team": team}
     session.commit()
     if waiting is None:
         _enqueue(settings, LAUNCH_ATTEMPT, stored.attempt["id"])
