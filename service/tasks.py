@@ -33,9 +33,40 @@ def _producer(broker_url: str) -> Any:
 def send_task(broker_url: str, name: str, *args: str) -> None:
     """Enqueue a task; call it only after the transaction that made the work has committed."""
     if broker_url.startswith(("redis://", "rediss://")):
-        _redis(broker_url).lpush(DEFAULT_QUEUE, _redis_envelope(broker_url, name, list(args)))
+        _push_to_redis(broker_url, name, list(args))
     else:
         _producer(broker_url).send_task(name, args=list(args))
+
+
+def _push_to_redis(broker_url: str, name: str, args: list[str]) -> None:
+    """Celery's own task message (protocol 2), in the envelope kombu's Redis transport reads,
+    to the default queue by the anonymous exchange; Celery's publish signals fire as on its own
+    path (the API's hook adds the request id to the headers)."""
+    from celery import signals
+
+    message = _producer(broker_url).amqp.as_task_v2(str(uuid4()), name, args=args)
+    properties = {
+        **message.properties,
+        "delivery_mode": 2,  # persistent
+        "delivery_info": {"exchange": "", "routing_key": DEFAULT_QUEUE},
+        "priority": 0,
+        "body_encoding": "base64",
+        "delivery_tag": str(uuid4()),  # the consumer's key for acks
+    }
+    route = {"sender": name, "exchange": "", "routing_key": DEFAULT_QUEUE}
+    signals.before_task_publish.send(
+        body=message.body, headers=message.headers, properties=properties, declare=[],
+        retry_policy=None, **route,
+    )  # fmt: skip
+    envelope = {
+        "body": base64.b64encode(json.dumps(message.body).encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": message.headers,
+        "properties": properties,
+    }
+    _redis(broker_url).lpush(DEFAULT_QUEUE, json.dumps(envelope))
+    signals.after_task_publish.send(body=message.body, headers=message.headers, **route)
 
 
 @lru_cache(maxsize=4)
@@ -45,30 +76,6 @@ def _redis(broker_url: str) -> Any:
     # Its pool is thread-safe: one per process. Bounded waits, as kombu's connection had: a
     # broker that stops answering delays a submit by seconds, then the sweep re-sends.
     return redis.Redis.from_url(broker_url, socket_connect_timeout=4, socket_timeout=4)
-
-
-def _redis_envelope(broker_url: str, name: str, args: list[str]) -> str:
-    """Celery's own task message (protocol 2) in the envelope kombu's Redis transport reads:
-    a base64 JSON body, to the default queue by the anonymous exchange."""
-    task_id = str(uuid4())
-    message = _producer(broker_url).amqp.as_task_v2(task_id, name, args=args)
-    properties = {
-        **message.properties,
-        "delivery_mode": 2,  # persistent
-        "delivery_info": {"exchange": "", "routing_key": DEFAULT_QUEUE},
-        "priority": 0,
-        "body_encoding": "base64",
-        "delivery_tag": str(uuid4()),  # the consumer's key for acks
-    }
-    return json.dumps(
-        {
-            "body": base64.b64encode(json.dumps(message.body).encode()).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": message.headers,
-            "properties": properties,
-        }
-    )
 
 
 def send_or_leave_to_sweep(broker_url: str, name: str, attempt_id: str) -> None:
