@@ -43,6 +43,23 @@ def test_submit_stores_plan_and_enqueues_launch_after_commit(
     assert queued_tasks(redis_url) == [(LAUNCH_ATTEMPT, [attempt["id"]])]
 
 
+def test_the_submit_answers_the_job_exactly_as_it_reads_back(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    """The answer is built from the rows as written (not read back): reading the job back
+    gives the same document, ids, timestamps, JSON and event order included."""
+    response = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"]))
+    assert response.status_code == 201, response.text
+    answered = response.json()
+    stored = client.get(f"/v1/jobs/{answered['id']}", headers=auth(tokens["alice"])).json()
+    assert stored == answered
+    assert [event["reason"] for event in stored["events"]] == [
+        "submitted by alice",
+        "attempt 1 planned (advisor)",
+        "admitted",
+    ]
+
+
 def test_a_submit_while_the_broker_is_down_is_stored_and_left_to_the_sweep(
     settings: Settings, tokens: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
