@@ -45,15 +45,16 @@ def _push_to_redis(broker_url: str, name: str, args: list[str]) -> None:
     from celery import signals
 
     message = _producer(broker_url).amqp.as_task_v2(str(uuid4()), name, args=args)
+    to_queue = {"exchange": "", "routing_key": DEFAULT_QUEUE}
     properties = {
         **message.properties,
         "delivery_mode": 2,  # persistent
-        "delivery_info": {"exchange": "", "routing_key": DEFAULT_QUEUE},
+        "delivery_info": to_queue,
         "priority": 0,
         "body_encoding": "base64",
         "delivery_tag": str(uuid4()),  # the consumer's key for acks
     }
-    route = {"sender": name, "exchange": "", "routing_key": DEFAULT_QUEUE}
+    route = {"sender": name, **to_queue}
     signals.before_task_publish.send(
         body=message.body, headers=message.headers, properties=properties, declare=[],
         retry_policy=None, **route,

@@ -10,7 +10,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
-from service.core.roles import Role
+from service.core.roles import may_write
 from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Job, Team, User
 from service.db.session import get_engine
@@ -103,7 +103,7 @@ AdminUser = Annotated[User, Depends(get_admin)]
 def writing(member: Member) -> Member:
     """The member, if they may submit and cancel (anyone but a viewer), or 403."""
     user = member.user
-    if not user.is_admin and not Role(user.role).can_write:
+    if not may_write(user.is_admin, user.role):
         raise _viewer(user.name)
     return member
 

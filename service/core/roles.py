@@ -26,6 +26,11 @@ class Role(StrEnum):
         return self is Role.TEAM_ADMIN
 
 
+def may_write(is_admin: bool, role: str) -> bool:
+    """Submit and cancel the team's jobs: a service admin, or any role but viewer."""
+    return is_admin or Role(role).can_write
+
+
 def may_create_user(
     caller_is_admin: bool, caller_role: Role, caller_team: str, team: str, makes_admin: bool
 ) -> str | None:

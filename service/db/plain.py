@@ -40,13 +40,13 @@ class Prepared:
         return value if process is None else process(value)
 
 
-_prepared: dict[tuple[ClauseElement, str, tuple[str, ...]], Prepared] = {}
+_prepared: dict[tuple[ClauseElement, type[Dialect], tuple[str, ...]], Prepared] = {}
 
 
 def prepared(statement: ClauseElement, dialect: Dialect, keys: Sequence[str] = ()) -> Prepared:
     """``statement`` (a statement built once, as the cache holds it by identity) compiled for
     ``dialect``; an INSERT without values takes ``keys`` as its columns."""
-    cache_key = (statement, dialect.name, tuple(keys))
+    cache_key = (statement, type(dialect), tuple(keys))  # the driver's, not only its name
     found = _prepared.get(cache_key)
     if found is None:
         done = cast(SQLCompiler, statement.compile(dialect=dialect, column_keys=list(keys) or None))

@@ -47,7 +47,7 @@ def _defaults(model: type[SQLModel]) -> list[tuple[str, Any, Callable[[], Any] |
 
 
 def insert_rows(session: Session, model: type[SQLModel], rows: list[Row]) -> None:
-    """One INSERT per row, sent together, in the session's transaction; an autoincrement
+    """One INSERT per row (``plain.execute``), in the session's transaction; an autoincrement
     ``id`` left None is filled from the database, in order."""
     table = model.__table__  # type: ignore[attr-defined]
     if rows[0].get("id", "") is None:

@@ -8,7 +8,7 @@ from sqlalchemy import bindparam
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, func, select
 
-from service.core.roles import Role
+from service.core.roles import Role, may_write
 from service.db import plain
 from service.db.models import Team, User
 from service.security import hash_token, new_user_token
@@ -77,7 +77,7 @@ class Caller:
     @property
     def can_write(self) -> bool:
         """Submit and cancel the team's jobs (anyone but a viewer)."""
-        return self.is_admin or Role(self.role).can_write
+        return may_write(self.is_admin, self.role)
 
 
 _CALLER = (
