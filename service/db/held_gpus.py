@@ -7,9 +7,11 @@ whatever the number of jobs.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import Insert
+from sqlalchemy import Insert, bindparam
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
@@ -18,18 +20,31 @@ from service.db import plain
 from service.db.models import HeldGpus
 
 
-def add_held(session: Session, team_id: int, cluster: str, gpus: int) -> None:
-    """Add ``gpus`` (negative: release them) to the team's count on the cluster."""
-    values = {"team_id": team_id, "cluster": cluster, "gpus": gpus}
-    statement = _upsert(session.get_bind().dialect.name)
-    plain.execute(session, statement, [values], keys=list(values))  # no ORM objects to sync
+@dataclass(frozen=True)
+class HeldChange:
+    """``gpus`` more (negative: fewer) held by the team on the cluster."""
+
+    team_id: int
+    cluster: str
+    gpus: int
+
+    def values(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-@lru_cache(maxsize=2)
-def _upsert(dialect_name: str) -> Insert:
-    """Built once per dialect: building it (its ``excluded`` columns) cost more than running it."""
+def add_held(session: Session, change: HeldChange) -> None:
+    """Apply ``change`` to the team's count on the cluster."""
+    statement = upsert(session.get_bind().dialect.name)
+    plain.execute(session, statement, [change.values()])  # no ORM objects to sync
+
+
+@lru_cache(maxsize=4)
+def upsert(dialect_name: str, prefix: str = "") -> Insert:
+    """The counter's upsert, its parameters ``prefix`` + a field of ``HeldChange``; built once
+    per dialect: building it (its ``excluded`` columns) cost more than running it."""
     dialect = postgresql if dialect_name == "postgresql" else sqlite
-    insert = dialect.insert(HeldGpus)
+    fields = HeldChange.__dataclass_fields__
+    insert = dialect.insert(HeldGpus).values({key: bindparam(prefix + key) for key in fields})
     upsert: Insert = insert.on_conflict_do_update(
         index_elements=["team_id", "cluster"],
         set_={"gpus": col(HeldGpus.gpus) + insert.excluded.gpus},

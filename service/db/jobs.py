@@ -23,7 +23,8 @@ from service.db.models import (
     User,
     new_id,
 )
-from service.db.rows import Row, insert_rows, new_row
+from service.db.new_job import write_new_job
+from service.db.rows import Row, new_row
 from service.db.transitions import admit_on_creation, record_created
 from service.db.users import Caller
 from service.metrics import count_new_job_events
@@ -98,16 +99,14 @@ def store_job(
     admitted: bool = False,
     waiting: str = "",
 ) -> NewJob | Job:
-    """Store a job with attempt 1 and their events, one INSERT per table. ``admitted``: it
-    enters QUEUED (the caller decided under the admission rules), else PENDING with
-    ``waiting`` as its message.
+    """Store a job with attempt 1 and their events (``new_job``: one statement on PostgreSQL).
+    ``admitted``: it enters QUEUED (the caller decided under the admission rules), else PENDING
+    with ``waiting`` as its message.
 
     With an Idempotency-Key already used by this team, the existing job comes back instead.
     """
     stored_spec = spec.model_dump(mode="json")
     digest = _digest(stored_spec)
-    if idempotency_key and (existing := _job_by_key(session, caller.team_id, idempotency_key)):
-        return _same_spec_or_conflict(existing, digest)
     job = new_row(
         Job,
         id=new_id(),
@@ -124,24 +123,6 @@ def store_job(
         current_attempt=1,
         message=waiting,
     )
-    events = [record_created(job["id"], f"submitted by {caller.user_name}")]
-
-    def write_job() -> None:
-        if admitted:  # QUEUED from the start; its GPUs counted with the insert
-            events.append(admit_on_creation(session, job))
-        insert_rows(session, Job, [job])
-
-    if idempotency_key is None:  # nothing to collide with: no savepoint's round trips
-        write_job()
-    else:
-        try:
-            with session.begin_nested():  # a concurrent POST with the same key loses here
-                write_job()
-        except IntegrityError:
-            existing = _job_by_key(session, caller.team_id, idempotency_key)
-            if existing is None:
-                raise
-            return _same_spec_or_conflict(existing, digest)
     attempt = new_row(
         Attempt,
         id=new_id(),
@@ -152,10 +133,26 @@ def store_job(
         backend=backend,
         backend_name=backend_name(job["name"], job["id"], 1),
     )
-    insert_rows(session, Attempt, [attempt])
-    planned = new_row(JobEvent, **_attempt_planned(job["id"], 1, "advisor"))
-    events.insert(1, planned)  # as they happened: job, attempt, admission
-    insert_rows(session, JobEvent, events)
+    events = [  # as they happen: the job, its attempt, its admission
+        record_created(job["id"], f"submitted by {caller.user_name}"),
+        new_row(JobEvent, **_attempt_planned(job["id"], 1, "advisor")),
+    ]
+    held = None
+    if admitted:  # QUEUED from the start; its GPUs counted with the insert
+        admission, held = admit_on_creation(job)
+        events.append(admission)
+    if idempotency_key is None:  # nothing to collide with: no savepoint's round trips
+        write_new_job(session, job, attempt, events, held)
+    else:
+        # Written first and looked up only if the key is taken: a replay is the rare case.
+        try:
+            with session.begin_nested():  # a concurrent POST with the same key loses here
+                write_new_job(session, job, attempt, events, held)
+        except IntegrityError:
+            existing = _job_by_key(session, caller.team_id, idempotency_key)
+            if existing is None:
+                raise
+            return _same_spec_or_conflict(existing, digest)
     count_new_job_events(session, events, job["cluster"], caller.team_name)
     return NewJob(job, attempt, events)
 

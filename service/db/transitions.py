@@ -22,7 +22,7 @@ from service.core.states import (
     check_attempt_transition,
     check_job_transition,
 )
-from service.db.held_gpus import add_held
+from service.db.held_gpus import HeldChange, add_held
 from service.db.models import Attempt, Job, JobEvent, utcnow
 from service.db.rows import Row, new_row
 
@@ -78,13 +78,13 @@ def record_created(job_id: str, reason: str) -> Row:
     )
 
 
-def admit_on_creation(session: Session, job: Row) -> Row:
+def admit_on_creation(job: Row) -> tuple[Row, HeldChange]:
     """Admit a job not yet stored: it is written QUEUED, with the event a later move from
-    PENDING would have written, and its GPUs go into the counters in the same transaction."""
+    PENDING would have written and the change to the counters that its GPUs make, both to be
+    written with it (``service.db.new_job``)."""
     check_job_transition(JobStatus.PENDING, JobStatus.QUEUED)
     job["status"] = JobStatus.QUEUED
-    add_held(session, job["team_id"], job["cluster"], gpus_of(job["spec"]))
-    return new_row(
+    event = new_row(
         JobEvent,
         job_id=job["id"],
         subject="job",
@@ -93,6 +93,7 @@ def admit_on_creation(session: Session, job: Row) -> Row:
         to_status=JobStatus.QUEUED,
         reason="admitted",
     )
+    return event, HeldChange(job["team_id"], job["cluster"], gpus_of(job["spec"]))
 
 
 def _compare_and_set(
@@ -138,4 +139,4 @@ def _move_held_gpus(session: Session, job: Job, old: JobStatus, new: JobStatus) 
     if (old in HOLDING) == (new in HOLDING):
         return
     gpus = gpus_of(job.spec)
-    add_held(session, job.team_id, job.cluster, gpus if new in HOLDING else -gpus)
+    add_held(session, HeldChange(job.team_id, job.cluster, gpus if new in HOLDING else -gpus))

@@ -23,6 +23,7 @@ from service.api.app import create_app
 from service.core.advisor import advise
 from service.core.clusters import LOCAL_PROFILE
 from service.core.spec import JobSpec
+from service.db import plain
 from service.db.admission import admit_pending
 from service.db.jobs import spec_digest
 from service.db.migrate import upgrade
@@ -81,18 +82,29 @@ def set_quota(database_url: str, team_name: str, gpus: int) -> None:
         session.commit()
 
 
-def counted_submit(client: TestClient, database_url: str, token: str) -> tuple[Cost, Any]:
+def counted_submit(
+    client: TestClient, database_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Cost, Any]:
     """Submit one job and count what it asked of the database, at the driver: statements sent
-    through the ORM and those the hot path runs on the cursor itself (``service.db.plain``)."""
+    through the ORM (the connection's cursors) and those the hot path sends on psycopg's
+    RawCursor (``service.db.plain``)."""
     cost = Cost()
 
-    class CountingCursor(psycopg.Cursor[Any]):
-        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+    def counted(execute: Any) -> Any:
+        def run(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
             cost.statements += 1
-            done = super().execute(query, params, **kwargs)
+            done = execute(self, query, params, **kwargs)
             if self.description is not None:  # a statement that returns rows
                 cost.rows += max(self.rowcount, 0)
             return done
+
+        return run
+
+    class CountingCursor(psycopg.Cursor[Any]):
+        execute = counted(psycopg.Cursor.execute)
+
+    class CountingRawCursor(psycopg.RawCursor[Any]):
+        execute = counted(psycopg.RawCursor.execute)
 
     counting: list[psycopg.Connection[Any]] = []
 
@@ -102,47 +114,52 @@ def counted_submit(client: TestClient, database_url: str, token: str) -> tuple[C
 
     engine = get_engine(database_url)
     event.listen(engine, "checkout", count_on)
-    try:
-        response = client.post("/v1/jobs", json=tiny_spec("measured"), headers=auth(token))
-    finally:
-        event.remove(engine, "checkout", count_on)
-        for connection in counting:  # back in the pool: count nothing else
-            connection.cursor_factory = psycopg.Cursor
+    with monkeypatch.context() as patch:
+        patch.setattr(plain, "RawCursor", CountingRawCursor)
+        try:
+            response = client.post("/v1/jobs", json=tiny_spec("measured"), headers=auth(token))
+        finally:
+            event.remove(engine, "checkout", count_on)
+            for connection in counting:  # back in the pool: count nothing else
+                connection.cursor_factory = psycopg.Cursor
     assert response.status_code == 201, response.text
     assert cost.statements > 0, "nothing counted: the cursor factory was not used"
     return cost, response.json()
 
 
 def test_an_admitted_submit_costs_the_same_beside_10_or_1000_admitted_jobs(
-    client: TestClient, pg_settings: Settings
+    client: TestClient, pg_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = pg_settings.database_url
     tokens = three_users(url)
     store_jobs(url, "bob", 10, admit=True)
-    counted_submit(client, url, tokens["root"])  # warm: connections, the first queries
+    counted_submit(client, url, tokens["root"], monkeypatch)  # warm: connections, the first queries
 
-    small, first = counted_submit(client, url, tokens["alice"])
+    small, first = counted_submit(client, url, tokens["alice"], monkeypatch)
     store_jobs(url, "bob", 990, admit=True)
-    large, second = counted_submit(client, url, tokens["alice"])
+    large, second = counted_submit(client, url, tokens["alice"], monkeypatch)
 
     assert first["status"] == second["status"] == "QUEUED"
     assert (large.statements, large.rows) == (small.statements, small.rows)
+    # The caller, then the job, attempt, events and GPU counter in one statement that returns
+    # the three events' ids.
+    assert (small.statements, small.rows) == (2, 4)
 
 
 def test_a_waiting_submit_costs_the_same_behind_10_or_1000_waiting_jobs(
-    client: TestClient, pg_settings: Settings
+    client: TestClient, pg_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = pg_settings.database_url
     tokens = three_users(url)
     set_quota(url, "vision", 8)
     store_jobs(url, "alice", 10, admit=False)  # waiting for the periodic pass
     store_jobs(url, "bob", 10, admit=False)
-    counted_submit(client, url, tokens["root"])
+    counted_submit(client, url, tokens["root"], monkeypatch)
 
-    small, first = counted_submit(client, url, tokens["alice"])
+    small, first = counted_submit(client, url, tokens["alice"], monkeypatch)
     store_jobs(url, "alice", 990, admit=False)
     store_jobs(url, "bob", 990, admit=False)
-    large, second = counted_submit(client, url, tokens["alice"])
+    large, second = counted_submit(client, url, tokens["alice"], monkeypatch)
 
     assert first["status"] == second["status"] == "PENDING"
     assert second["message"] == (
