@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from service.db.models import (
 )
 from service.db.new_job import write_new_job
 from service.db.rows import Row, new_row
+from service.db.session import in_autocommit
 from service.db.transitions import admit_on_creation, record_created
 from service.db.users import Caller
 from service.metrics import count_new_job_events
@@ -141,18 +143,20 @@ def store_job(
     if admitted:  # QUEUED from the start; its GPUs counted with the insert
         admission, held = admit_on_creation(job)
         events.append(admission)
-    if idempotency_key is None:  # nothing to collide with: no savepoint's round trips
-        write_new_job(session, job, attempt, events, held)
+    # A reused key makes the write fail: looked up then, a replay being the rare case. Inside a
+    # transaction a savepoint keeps the failure from aborting it; in autocommit there is none.
+    if idempotency_key is None or in_autocommit(session):
+        written: AbstractContextManager[object] = nullcontext()
     else:
-        # Written first and looked up only if the key is taken: a replay is the rare case.
-        try:
-            with session.begin_nested():  # a concurrent POST with the same key loses here
-                write_new_job(session, job, attempt, events, held)
-        except IntegrityError:
-            existing = _job_by_key(session, caller.team_id, idempotency_key)
-            if existing is None:
-                raise
-            return _same_spec_or_conflict(existing, digest)
+        written = session.begin_nested()  # a concurrent POST with the same key loses here
+    try:
+        with written:
+            write_new_job(session, job, attempt, events, held)
+    except IntegrityError:
+        existing = idempotency_key and _job_by_key(session, caller.team_id, idempotency_key)
+        if not existing:
+            raise
+        return _same_spec_or_conflict(existing, digest)
     count_new_job_events(session, events, job["cluster"], caller.team_name)
     return NewJob(job, attempt, events)
 

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import BindParameter, Table, bindparam, insert
+from sqlalchemy.engine import Engine
 from sqlalchemy.sql.dml import ReturningInsert
 from sqlmodel import Session
 
@@ -27,11 +28,16 @@ from service.db.rows import Row, insert_rows
 _EVENT_IDENTITY = ("subject", "attempt_number", "from_status", "to_status", "reason")
 
 
+def writes_in_one_statement(engine: Engine) -> bool:
+    """Whether ``write_new_job`` is one statement there: atomic without a transaction."""
+    return engine.dialect.name == "postgresql"
+
+
 def write_new_job(
     session: Session, job: Row, attempt: Row, events: list[Row], held: HeldChange | None
 ) -> None:
     """Write the rows in the session's transaction; each event gets its id from the database."""
-    if session.get_bind().dialect.name != "postgresql":
+    if not writes_in_one_statement(session.get_bind().engine):
         if held is not None:
             add_held(session, held)
         insert_rows(session, Job, [job])

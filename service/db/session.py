@@ -11,6 +11,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
+AUTOCOMMIT = "AUTOCOMMIT"
+
 
 @lru_cache(maxsize=8)
 def get_engine(url: str, echo: bool = False) -> Engine:
@@ -21,6 +23,17 @@ def get_engine(url: str, echo: bool = False) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, echo=echo, pool_pre_ping=True)
+
+
+@lru_cache(maxsize=8)
+def autocommit(engine: Engine) -> Engine:
+    """``engine``, its connections in autocommit: each statement its own transaction."""
+    return engine.execution_options(isolation_level=AUTOCOMMIT)
+
+
+def in_autocommit(session: Session) -> bool:
+    """Whether each statement of ``session`` commits on its own (no transaction to roll back)."""
+    return session.connection().get_execution_options().get("isolation_level") == AUTOCOMMIT
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -17,7 +17,8 @@ from service.db.admission import admit_pending
 from service.db.held_gpus import held_everywhere
 from service.db.migrate import check, is_at_head
 from service.db.models import Job, JobEvent, User
-from service.db.session import get_engine
+from service.db.new_job import writes_in_one_statement
+from service.db.session import autocommit, get_engine
 from service.db.transitions import move_attempt, move_job
 from service.db.users import Caller, bootstrap_admin, create_user, user_by_token
 from tests.integration.helpers import tiny_spec
@@ -146,17 +147,22 @@ def test_idempotency_key_returns_the_same_job(database_url: str, user: User) -> 
         assert len(session.exec(select(Job)).all()) == 1
 
 
+@pytest.mark.parametrize("sessions", ["in a transaction", "as the API's submit opens them"])
 def test_a_key_raced_by_concurrent_submits_admits_one_job_and_counts_its_gpus_once(
-    database_url: str, user: User
+    database_url: str, user: User, sessions: str
 ) -> None:
     """Submits admitted as they are stored (no quota, no cap) with the same Idempotency-Key at
-    once: one job, and the GPU counter holds its 2 GPUs once (a loser's count is undone)."""
+    once: one job, and the GPU counter holds its 2 GPUs once (a loser's count is undone). The
+    API's submit runs in autocommit where a new job is one statement (PostgreSQL)."""
     spec = JobSpec.model_validate(tiny_spec())  # 1 node x 2 GPUs
     barrier = threading.Barrier(4)
     results: list[bool] = []
+    engine = get_engine(database_url)
+    if sessions != "in a transaction" and writes_in_one_statement(engine):
+        engine = autocommit(engine)
 
     def submit() -> None:
-        with Session(get_engine(database_url)) as session:
+        with Session(engine) as session:
             barrier.wait()
             stored = job_store.store_job(
                 session,
