@@ -3,7 +3,13 @@
 Both systems get the same treatment: measured at backlog 0, then filled with ``--backlog`` jobs
 that stay queued (zeropilot: admitted, QUEUED, no worker runs them; Slurm: held), then measured
 again. Each measurement sends ``--submits`` submits from 1 and from 4 concurrent clients and
-reports submits/s and p50/p99 latency. One table at the end; load average beside each row.
+reports submits/s and p50/p99 latency; it is repeated ``--rounds`` times, the two systems taking
+turns (the order flips each round), because this machine's speed drifts from minute to minute.
+One table of every row at the end, load average beside each, then each round's ratio
+(zeropilot / sbatch) and their median per backlog and client count.
+
+zeropilot's clients are the SDK's (``zeropilot.client.Client``, one per thread, keep-alive), as a
+script submitting a sweep has them: each submit sends an Idempotency-Key and parses the answer.
 
 zeropilot: a fresh PostgreSQL database (dropped at the end) and Redis DB 14 unless given; the API
 is started here as ``tests/e2e/stack.py`` does (uvicorn, ZEROPILOT_* variables) with
@@ -12,8 +18,9 @@ Slurm: a controller of its own in ``--slurm-dir`` on ports of its own with a Max
 the backlog (the shared test cluster keeps Slurm's default of 10,000 jobs, and other sessions
 use it). Held jobs never reach a node, so no slurmd is started.
 
-Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--no-slurm]
-  a small run: --backlog 500 --submits 100; the measured team under a quota: --quota 1000000
+Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--rounds 3]
+  [--no-slurm]; a small run: --backlog 500 --submits 100 --rounds 1; the measured team under a
+  quota: --quota 1000000
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +52,7 @@ from bench.submit_backends import (
     start_slurmctld,
     zeropilot_users,
 )
+from zeropilot.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_DSN = os.environ.get(
@@ -60,6 +69,7 @@ class Result:
     seconds: float
     latencies: list[float]
     load: str
+    round: int
 
     @property
     def rate(self) -> float:
@@ -114,20 +124,19 @@ def job_spec(name: str) -> dict[str, Any]:
 
 
 class ZeropilotClient:
-    """One keep-alive HTTP client per thread, as a CLI or SDK user running in a loop has."""
+    """One SDK client per thread (keep-alive), as a script submitting in a loop has."""
 
     def __init__(self, url: str, token: str) -> None:
         self.url, self.token = url, token
         self.local = threading.local()
 
     def submit(self, index: int) -> None:
-        http = getattr(self.local, "http", None)
-        if http is None:
-            headers = {"Authorization": f"Bearer {self.token}"}
-            http = self.local.http = httpx.Client(base_url=self.url, headers=headers, timeout=60)
-        response = http.post("/v1/jobs", json=job_spec(f"bench-{index}"))
-        if response.status_code != 201:
-            raise RuntimeError(f"submit answered {response.status_code}: {response.text[:300]}")
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = Client(self.url, self.token, timeout=60)
+        job = client.submit(job_spec(f"bench-{index}"), tries=1)
+        if job["status"] != "QUEUED":
+            raise RuntimeError(f"job {job['id']} is {job['status']}: {job['message']}")
 
 
 def sbatch_submit(conf: Path, script: Path) -> Callable[[int], None]:
@@ -143,28 +152,55 @@ def sbatch_submit(conf: Path, script: Path) -> Callable[[int], None]:
 
 
 def measure(
-    system: str, submit: Callable[[int], None], backlog: int, args: argparse.Namespace
+    systems: list[tuple[str, Callable[[int], None]]],
+    backlog: int,
+    args: argparse.Namespace,
 ) -> list[Result]:
+    """Every system at every client count, ``--rounds`` times, the systems taking turns."""
     results = []
-    for clients in args.clients:
-        submit(0)  # warm: connections, caches
-        seconds, latencies = run_clients(submit, args.submits, clients)
-        result = Result(system, backlog, clients, args.submits, seconds, latencies, load_average())
-        print(row(result), flush=True)
-        results.append(result)
+    for number in range(args.rounds):
+        for name, submit in systems if number % 2 == 0 else systems[::-1]:
+            for clients in args.clients:
+                submit(0)  # warm: connections, caches
+                seconds, latencies = run_clients(submit, args.submits, clients)
+                result = Result(
+                    name, backlog, clients, args.submits, seconds, latencies, load_average(), number
+                )
+                print(row(result), flush=True)
+                results.append(result)
     return results
+
+
+def ratios(results: list[Result]) -> list[str]:
+    """Per backlog and client count: each round's zeropilot/sbatch rate, and their median."""
+    lines = []
+    for backlog in sorted({r.backlog for r in results}):
+        for clients in sorted({r.clients for r in results}):
+            rate = {
+                (r.system, r.round): r.rate
+                for r in results
+                if (r.backlog, r.clients) == (backlog, clients)
+            }
+            rounds = sorted({number for _system, number in rate})
+            each = [rate["zeropilot", n] / rate["sbatch", n] for n in rounds]
+            lines.append(
+                f"backlog {backlog:>6}, {clients} client(s): zeropilot/sbatch "
+                f"{' '.join(f'{x:.2f}' for x in each)}   median {statistics.median(each):.2f}x"
+            )
+    return lines
 
 
 def row(result: Result) -> str:
     return (
-        f"{result.system:<10} {result.backlog:>8} {result.clients:>7} {result.submits:>7} "
+        f"{result.system:<10} {result.round:>5} {result.backlog:>8} {result.clients:>7} "
+        f"{result.submits:>7} "
         f"{result.rate:>9.1f} {result.percentile(0.5) * 1000:>8.1f} "
         f"{result.percentile(0.99) * 1000:>8.1f}   {result.load}"
     )
 
 
 HEADER = (
-    f"{'system':<10} {'backlog':>8} {'clients':>7} {'submits':>7} {'submits/s':>9} "
+    f"{'system':<10} {'round':>5} {'backlog':>8} {'clients':>7} {'submits':>7} {'submits/s':>9} "
     f"{'p50 ms':>8} {'p99 ms':>8}   load average"
 )
 
@@ -238,6 +274,9 @@ def parse_args() -> argparse.Namespace:
         "--backlog", type=int, default=10_000, help="jobs queued before the second measurement"
     )
     parser.add_argument("--submits", type=int, default=400, help="submits per measurement")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="measurements of each row, the systems taking turns"
+    )
     parser.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4])
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn --workers")
     parser.add_argument("--api-url", help="an API already running (then --token is needed)")
@@ -265,15 +304,16 @@ def main() -> None:
         _zeropilot(args, Path(tmp)) as (client, database_url),
     ):
         systems = [("zeropilot", client.submit)] + ([("sbatch", sbatch)] if sbatch else [])
-        for name, submit in systems:
-            results += measure(name, submit, 0, args)
+        results += measure(systems, 0, args)
         fill_backlogs(args.backlog, database_url, sbatch)
-        for name, submit in systems:
-            results += measure(name, submit, args.backlog, args)
+        results += measure(systems, args.backlog, args)
     redis.Redis.from_url(args.redis_url).flushdb()
     print("\n" + HEADER)
     for result in results:
         print(row(result))
+    if sbatch:
+        print()
+        print("\n".join(ratios(results)))
 
 
 def fill_backlogs(jobs: int, database_url: str, sbatch: Callable[[int], None] | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -203,7 +204,11 @@ def main() -> None:
                     engine.step()
                     loss_sum += loss.item()
             if step == args.fail_at_step:
-                raise SystemExit(3)
+                # Exit 3 on every rank without the interpreter's teardown: there a rank's process
+                # group can abort (SIGABRT) once a peer has gone, and DeepSpeed's launcher
+                # reports whichever failed rank it polls first (CI once saw 250, not 3).
+                sys.stdout.flush()
+                os._exit(3)
             elapsed = time.perf_counter() - began
             tokens_per_s = micro * accumulation * args.seq_len * engine.dp_world_size / elapsed
             if rank == 0 and step % args.log_interval == 0:
