@@ -26,13 +26,13 @@ Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--ro
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,29 +83,49 @@ class Result:
 def run_clients(
     submit_one: Callable[[int], None], submits: int, clients: int
 ) -> tuple[float, list[float]]:
-    """Send ``submits`` submits from ``clients`` threads; return (wall seconds, latencies)."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-    counter = iter(range(submits))
+    """Send ``submits`` submits from ``clients`` processes (forked: each its own interpreter,
+    as separate scripts or ``sbatch`` runs are, so no client waits for another's GIL); return
+    (wall seconds, latencies). Each process first sends one submit not counted (its
+    connection), and the clock starts when all are ready."""
+    context = multiprocessing.get_context("fork")
+    taken = context.Value("i", 0)  # the next submit's index, shared
+    returned = context.SimpleQueue()
+    ready = context.Barrier(clients + 1)
 
-    def client() -> None:
-        while True:
-            with lock:
-                index = next(counter, None)
-            if index is None:
-                return
-            started = time.perf_counter()
-            submit_one(index)
-            with lock:
+    def client(number: int) -> None:
+        latencies: list[float] = []
+        try:
+            submit_one(submits + number)  # warm, not counted
+            ready.wait()
+            while True:
+                with taken.get_lock():
+                    index = taken.value
+                    taken.value += 1
+                if index >= submits:
+                    break
+                started = time.perf_counter()
+                submit_one(index)
                 latencies.append(time.perf_counter() - started)
+            returned.put(latencies)
+        except BaseException as exc:  # told to the parent, which waits for every client
+            ready.abort()
+            returned.put(f"a client failed: {exc!r}")
+        os._exit(0)  # no finalizers: the parent's database connections are shared fds here
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    processes = [context.Process(target=client, args=(n,)) for n in range(clients)]
+    for process in processes:
+        process.start()
+    ready.wait(timeout=120)
     started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - started, latencies
+    answers = [returned.get() for _ in processes]
+    seconds = time.perf_counter() - started
+    for answer in answers:
+        if isinstance(answer, str):
+            raise RuntimeError(answer)
+    latencies = [latency for answer in answers for latency in answer]
+    for process in processes:
+        process.join()
+    return seconds, latencies
 
 
 def load_average() -> str:
@@ -124,16 +144,16 @@ def job_spec(name: str) -> dict[str, Any]:
 
 
 class ZeropilotClient:
-    """One SDK client per thread (keep-alive), as a script submitting in a loop has."""
+    """One SDK client per client process (keep-alive), as a script submitting in a loop has."""
 
     def __init__(self, url: str, token: str) -> None:
         self.url, self.token = url, token
-        self.local = threading.local()
+        self.clients: dict[int, Client] = {}
 
     def submit(self, index: int) -> None:
-        client = getattr(self.local, "client", None)
+        client = self.clients.get(os.getpid())  # a forked client opens its own connection
         if client is None:
-            client = self.local.client = Client(self.url, self.token, timeout=60)
+            client = self.clients[os.getpid()] = Client(self.url, self.token, timeout=60)
         job = client.submit(job_spec(f"bench-{index}"), tries=1)
         if job["status"] != "QUEUED":
             raise RuntimeError(f"job {job['id']} is {job['status']}: {job['message']}")
@@ -161,7 +181,6 @@ def measure(
     for number in range(args.rounds):
         for name, submit in systems if number % 2 == 0 else systems[::-1]:
             for clients in args.clients:
-                submit(0)  # warm: connections, caches
                 seconds, latencies = run_clients(submit, args.submits, clients)
                 result = Result(
                     name, backlog, clients, args.submits, seconds, latencies, load_average(), number
