@@ -55,6 +55,7 @@ from bench.submit_backends import (
 from zeropilot.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
+WARM_SUBMITS = 200
 ADMIN_DSN = os.environ.get(
     "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -176,7 +177,11 @@ def measure(
     backlog: int,
     args: argparse.Namespace,
 ) -> list[Result]:
-    """Every system at every client count, ``--rounds`` times, the systems taking turns."""
+    """Every system at every client count, ``--rounds`` times, the systems taking turns, after
+    ``WARM_SUBMITS`` unmeasured ones each from the most clients: every API worker's connections,
+    prepared statements and caches, and PostgreSQL's catalog caches in its new backends."""
+    for _name, submit in systems:
+        run_clients(submit, WARM_SUBMITS, max(args.clients))
     results = []
     for number in range(args.rounds):
         for name, submit in systems if number % 2 == 0 else systems[::-1]:
