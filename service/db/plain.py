@@ -11,7 +11,7 @@ invalidated, as on the ORM path.
 On psycopg the statements are rendered with PostgreSQL's own ``$n`` placeholders and sent by a
 ``RawCursor``, as they are: a normal cursor parses every query for its ``%s`` placeholders and
 caches the result only for queries under 4 KB and 50 parameters, and the submit's one statement
-(``new_job``) is over both, so its parsing was a fifth of the submit's database work.
+(``new_job``) has 65, so its parsing was a fifth of the submit's database work.
 """
 
 from __future__ import annotations
