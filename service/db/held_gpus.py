@@ -1,7 +1,8 @@
 """Counters of the GPUs held per team and cluster (the ``HeldGpus`` rows).
 
-Only ``service.db.transitions`` adds to them, in the transaction that moves a job into or out
-of a holding status, so they always agree with the jobs' statuses. Reading them costs a few rows
+Only ``service.db.transitions`` decides what to add to them, in the transaction (or, for a job
+admitted as it is stored, the statement: ``service.db.new_job``) that moves a job into or out of
+a holding status, so they always agree with the jobs' statuses. Reading them costs a few rows
 whatever the number of jobs.
 """
 

@@ -86,7 +86,7 @@ def _submit(
 ) -> Response:
     engine = get_engine(settings.database_url)
     # Where a new job is one statement (PostgreSQL), atomic on its own, a submit under no limit
-    # needs no transaction, and so sends no BEGIN and no COMMIT: two round trips of four.
+    # needs no transaction, and so sends no BEGIN and no COMMIT: two round trips of five.
     reads = autocommit(engine) if writes_in_one_statement(engine) else engine
     with Session(reads) as session:
         caller = submitter_of(session, credentials)
