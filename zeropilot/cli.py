@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from zeropilot.cli_advice import advise_command, inline_hf_config, lint_command
+from zeropilot.cli_advice import advise_command, lint_command
 from zeropilot.cli_attempts import print_attempts
 from zeropilot.cli_common import (
     JsonOpt,
@@ -22,6 +22,7 @@ from zeropilot.cli_common import (
     console,
     err,
     fail,
+    inline_hf_config,
     print_json,
     read_mapping,
 )

@@ -2,129 +2,26 @@
 
 Both compute on this machine with ``service.core`` (installed with the client), so they work
 without a running service. Exit codes: 0 fine, 1 nothing fits / an error finding, 2 bad input.
+Declared here, done in ``advice_report``: importing the advisor took 160 of the CLI's 350 ms
+of start-up, which every ``zeropilot submit`` paid.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-import yaml
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from service.core.advisor import Advice, Candidate, NoPlanFits, advise
-from service.core.advisor.chart import render_breakdown_svg
-from service.core.advisor.constants import DEFAULT_HEADROOM
-from service.core.advisor.lint import Finding, has_errors, lint_ds_config
-from service.core.advisor.workload import budget_bytes
-from service.core.clusters import BackendKind, ClusterProfile
-from service.core.messages import plain_message
-from service.core.spec import JobSpec
-from zeropilot.cli_common import JsonOpt, console, err, fail, print_json, read_mapping
+from zeropilot.cli_common import JsonOpt
 
-GIB = 1024**3
-TABLE_WIDTH = 150  # the candidate table needs it; narrower terminals wrap rather than truncate
-
-PROFILES_ENV = "ZEROPILOT_CLUSTERS__PROFILES_FILE"
 GpuMemoryOpt = Annotated[
     float | None, typer.Option("--gpu-memory-gib", help="Memory per GPU (per rank on CPU).")
 ]
-
-
 HfConfigOpt = Annotated[
     Path | None,
     typer.Option("--hf-config", help="A Hugging Face config.json to plan the model from."),
 ]
-
-
-def inline_hf_config(spec: dict[str, Any], base: Path, config: Path | None = None) -> None:
-    """Put a config.json's content where the spec names it (``model.hf_config`` as a path,
-    relative to the spec's folder) or where ``--hf-config`` gives it; exit 2 naming the field."""
-    model = spec.get("model")
-    if config is not None:
-        kept = {k: model[k] for k in ("attention",) if isinstance(model, dict) and k in model}
-        spec["model"] = model = {**kept, "hf_config": str(config.resolve())}
-    if not isinstance(model, dict) or not isinstance(model.get("hf_config"), str):
-        return
-    path = Path(model["hf_config"])
-    path = path if path.is_absolute() else base / path
-    model["hf_config"] = read_mapping(path, "a Hugging Face config", field="model.hf_config")
-
-
-def load_job(
-    path: Path,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    hf_config: Path | None = None,
-) -> JobSpec:
-    raw = read_mapping(path, "a job spec")
-    inline_hf_config(raw, path.resolve().parent, hf_config)
-    resources = dict(raw.get("resources") or {})
-    if nodes is not None:
-        resources["nodes"] = nodes
-    if gpus_per_node is not None:
-        resources["gpus_per_node"] = gpus_per_node
-    try:
-        return JobSpec.model_validate({**raw, "resources": resources})
-    except ValidationError as exc:
-        fail(f"{path}: {_validation_message(exc)}", 2)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {plain_message(e['msg'])}"
-        for e in exc.errors()
-    )
-
-
-def profile_for(
-    spec: JobSpec, gpu_memory_gib: float | None, path: Path | str = "FILE"
-) -> ClusterProfile:
-    """The spec's cluster from the configured profiles (``local`` always exists), or any cluster
-    described by --gpu-memory-gib and the spec."""
-    resources = spec.resources
-    known = configured_profiles()
-    if resources.cluster in known:
-        base = known[resources.cluster]
-    elif gpu_memory_gib is None:
-        source = os.environ.get(PROFILES_ENV) or "none set"
-        fail(
-            f"cluster {resources.cluster!r} is not a known cluster profile (known: "
-            f"{', '.join(sorted(known))}; {PROFILES_ENV}: {source}). Name the profiles file, "
-            f"e.g. `{PROFILES_ENV}=deploy/clusters.example.yaml zeropilot advise {path}`, "
-            f"or give the GPU's memory: `zeropilot advise {path} --gpu-memory-gib 80`",
-            2,
-        )
-    else:
-        base = ClusterProfile(
-            name=resources.cluster,
-            kind=BackendKind.KUBERNETES,
-            accelerator="gpu",
-            cpu_memory_gib=1024,
-        )
-    update: dict[str, Any] = {
-        "gpus_per_node": max(base.gpus_per_node, resources.gpus_per_node),
-        "max_nodes": max(base.max_nodes, resources.nodes),
-    }
-    if gpu_memory_gib is not None:
-        if gpu_memory_gib <= 0:
-            fail(f"--gpu-memory-gib must be positive, not {gpu_memory_gib}", 2)
-        update["gpu_memory_gib"] = gpu_memory_gib
-    return base.model_copy(update=update)
-
-
-def configured_profiles() -> dict[str, ClusterProfile]:
-    """The profiles the server would use, from the same setting (a file named by an env var)."""
-    from service.settings import get_settings
-
-    try:
-        return get_settings().cluster_profiles()
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        fail(f"cannot read the cluster profiles ({PROFILES_ENV}): {exc}", 2)
 
 
 def advise_command(
@@ -141,92 +38,9 @@ def advise_command(
     hf_config: HfConfigOpt = None,
 ) -> None:
     """Predict per-GPU memory for every DeepSpeed configuration of a job and pick one."""
-    spec = load_job(file, nodes, gpus_per_node, hf_config)
-    profile = profile_for(spec, gpu_memory_gib, file)
-    try:
-        advice = advise(spec, profile)
-    except NoPlanFits as exc:
-        _print_closest(exc, as_json)
-        raise typer.Exit(1) from exc
-    except ValueError as exc:
-        fail(str(exc), 2)
-    if chart is not None:
-        budget = budget_bytes(profile, DEFAULT_HEADROOM)
-        chart.write_text(render_breakdown_svg(advice.candidates, budget, advice.plan))
-    if as_json:
-        print_json(advice.model_dump(mode="json"))
-    else:
-        _print_advice(advice, profile)
+    from zeropilot import advice_report  # the advisor, loaded by this command alone
 
-
-def _print_closest(exc: NoPlanFits, as_json: bool) -> None:
-    if as_json:
-        print_json(
-            {
-                "error": str(exc),
-                "over_by_bytes": exc.over_by_bytes,
-                "closest": exc.closest.model_dump(mode="json"),
-            }
-        )
-    else:
-        err.print(f"[red]no plan fits:[/red] {exc}", highlight=False)
-
-
-def _unit(advice: Advice) -> tuple[str, int]:
-    """GiB for real models, MiB when everything is smaller than a GiB (the tiny example)."""
-    largest = max(c.per_gpu_bytes.total for c in advice.candidates)
-    return ("GiB", GIB) if largest >= GIB else ("MiB", 1024**2)
-
-
-def _print_advice(advice: Advice, profile: ClusterProfile) -> None:
-    unit, scale = _unit(advice)
-    table = Table(
-        title=f"Per-GPU memory ({unit}) on {profile.name}, {profile.gpu_memory_gib:g} GiB per GPU"
-    )
-    table.add_column("config (\u2192 plan)", no_wrap=True)
-    for column in (
-        "params",
-        "grads",
-        "optim",
-        "activ",
-        "buffers",
-        "temps",
-        "overhead",
-        "total",
-        "peak",
-        "fits",
-        "cost",
-    ):
-        table.add_column(column, justify="right", no_wrap=True)
-    for candidate in advice.candidates:
-        table.add_row(*_row(candidate, candidate == advice.plan, scale))
-    Console(width=max(console.width, TABLE_WIDTH)).print(table)
-    console.print(f"[bold]plan:[/bold] {advice.plan.label()}", highlight=False)
-    console.print(advice.reason, highlight=False)
-    for warning in advice.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-
-
-def _row(candidate: Candidate, chosen: bool, scale: int) -> list[str]:
-    b = candidate.per_gpu_bytes
-    sizes = [
-        b.params,
-        b.gradients,
-        b.optimizer,
-        b.activations,
-        b.buffers,
-        b.temporaries,
-        b.overhead,
-        b.total,
-    ]
-    marker = "\u2192 " if chosen else "  "
-    return [
-        marker + candidate.label(),
-        *(f"{n / scale:.2f}" for n in sizes),
-        candidate.peak_phase or "",  # forward / backward / step: where the peak is
-        "yes" if candidate.fits else "no",
-        f"{candidate.relative_cost:.2f}",
-    ]
+    advice_report.advise(file, gpu_memory_gib, nodes, gpus_per_node, as_json, chart, hf_config)
 
 
 def lint_command(
@@ -238,29 +52,6 @@ def lint_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Review a DeepSpeed config against DeepSpeed's rules and the ZeRO pitfalls."""
-    config = read_mapping(ds_config, "a DeepSpeed config")
-    spec, profile = None, None
-    if job is not None:
-        spec = load_job(job)
-        profile = profile_for(spec, gpu_memory_gib, job)
-    findings = lint_ds_config(config, spec, profile)
-    if as_json:
-        print_json([f.model_dump(mode="json") for f in findings])
-    else:
-        _print_findings(findings)
-    if has_errors(findings):
-        raise typer.Exit(1)
+    from zeropilot import advice_report  # the advisor, loaded by this command alone
 
-
-def _print_findings(findings: list[Finding]) -> None:
-    if not findings:
-        console.print("no findings", highlight=False)
-        return
-    styles = {"error": "red", "warning": "yellow", "info": "cyan"}
-    for finding in findings:
-        style = styles[finding.severity]
-        console.print(
-            f"[{style}]{finding.severity}[/{style}] [bold]{finding.key or '(config)'}"
-            f"[/bold]: {finding.reason}\n    fix: {finding.fix}",
-            highlight=False,
-        )
+    advice_report.lint(ds_config, job, gpu_memory_gib, as_json)

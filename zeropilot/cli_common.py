@@ -80,6 +80,20 @@ def read_mapping(path: Path, what: str, field: str = "") -> dict[str, Any]:
     return data
 
 
+def inline_hf_config(spec: dict[str, Any], base: Path, config: Path | None = None) -> None:
+    """Put a config.json's content where the spec names it (``model.hf_config`` as a path,
+    relative to the spec's folder) or where ``--hf-config`` gives it; exit 2 naming the field."""
+    model = spec.get("model")
+    if config is not None:
+        kept = {k: model[k] for k in ("attention",) if isinstance(model, dict) and k in model}
+        spec["model"] = model = {**kept, "hf_config": str(config.resolve())}
+    if not isinstance(model, dict) or not isinstance(model.get("hf_config"), str):
+        return
+    path = Path(model["hf_config"])
+    path = path if path.is_absolute() else base / path
+    model["hf_config"] = read_mapping(path, "a Hugging Face config", field="model.hf_config")
+
+
 def _read_text(path: Path, where: str, what: str) -> str:
     """The file's text, refused unread beyond MAX_FILE_BYTES (a pipe or device included)."""
     try:

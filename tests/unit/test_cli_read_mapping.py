@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import typer
 
-from zeropilot.cli_advice import inline_hf_config
-from zeropilot.cli_common import MAX_FILE_BYTES, read_mapping
+from zeropilot.cli_common import MAX_FILE_BYTES, inline_hf_config, read_mapping
 
 
 def refusal(path: Path, capsys: pytest.CaptureFixture[str], field: str = "") -> str:
