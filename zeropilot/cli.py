@@ -6,6 +6,7 @@ import shlex
 import sys
 import time
 import uuid
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -120,28 +121,36 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
     quiet_since = time.monotonic()
     while True:
         job: dict[str, Any] = call_api(client.get_job, job_id)
-        for event in job["events"][seen_events:]:
-            if not quiet and event["subject"] == "job":
-                stamp = event["created_at"][11:19]
-                console.print(
-                    f"{stamp} {event['to_status']:<10} {event['reason']}",
-                    highlight=False,
-                    markup=False,  # reasons quote logs: "[enforce fail at ...]" is not markup
-                )
+        events = [e for e in job["events"][seen_events:] if e["subject"] == "job"]
         seen_events = len(job["events"])
+        points = call_api(client.metrics, job_id, last_metric)
+        if points:
+            last_metric, quiet_since = points[-1]["id"], time.monotonic()
+        if not quiet:
+            _print_in_order(events, points)
         if not quiet and job["status"] == "PENDING" and job["message"] != last_wait:
             last_wait = job["message"]  # why admission holds it (quota, cluster cap), once
             console.print(f"         ... {last_wait}", highlight=False)
-        for point in call_api(client.metrics, job_id, last_metric):
-            last_metric, quiet_since = point["id"], time.monotonic()
-            if not quiet:
-                console.print(_metric_line(point), highlight=False)
         if job["status"] in TERMINAL:
             return job
         if not quiet and time.monotonic() - quiet_since > HEARTBEAT_S:
             last_heartbeat = _print_heartbeat(client, job, last_heartbeat)
             quiet_since = time.monotonic()
         time.sleep(interval)
+
+
+def _print_in_order(events: list[dict[str, Any]], points: list[dict[str, Any]]) -> None:
+    """One poll's job events and steps as they happened: the steps read after the job often
+    came before its last event (the final steps, then SUCCEEDED)."""
+    lines = [(e["created_at"], _event_line(e)) for e in events]
+    lines += [(p["created_at"], _metric_line(p)) for p in points]
+    for _when, line in sorted(lines, key=lambda item: datetime.fromisoformat(item[0])):
+        # Reasons quote logs: "[enforce fail at ...]" is not markup.
+        console.print(line, highlight=False, markup=False)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    return f"{event['created_at'][11:19]} {event['to_status']:<10} {event['reason']}"
 
 
 def _print_heartbeat(client: Client, job: dict[str, Any], previous: str) -> str:

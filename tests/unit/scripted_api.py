@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 from typing import Any
 
-Answer = tuple[int, dict[str, str], dict[str, Any]]  # status, headers, JSON body
+Answer = tuple[int, dict[str, str], dict[str, Any] | list[Any]]  # status, headers, JSON body
 DROP: Answer = (0, {}, {})  # close the connection without an answer
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -43,6 +44,33 @@ def test_outage_is_retried_with_one_key_until_the_job_is_stored(
         "database unavailable, retrying in 0 s (3/5)",
     ]
     assert "job j1 (tiny) QUEUED" in result.stdout
+
+
+def test_wait_prints_the_last_steps_before_the_event_that_ended_the_job(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    """The last poll reads the job, already SUCCEEDED, then the steps reported before that:
+    they are printed in the order they happened, not in the order they were read."""
+
+    def event(status: str, at: str) -> dict[str, Any]:
+        return {"subject": "job", "to_status": status, "reason": status.lower(), "created_at": at}
+
+    def step(number: int, at: str) -> dict[str, Any]:
+        return {"id": number, "step": number, "loss": 0.5, "tokens_per_s": 100.0, "created_at": at}
+
+    day = "2026-12-01T12:00"
+    ended = {
+        **JOB,
+        "status": "SUCCEEDED",
+        "events": [event("RUNNING", f"{day}:01Z"), event("SUCCEEDED", f"{day}:09Z")],
+    }
+    steps = [step(11, f"{day}:07.5Z"), step(12, f"{day}:08Z")]
+    api = serve(scripted, STORED, (200, {}, ended), (200, {}, steps))
+    result = submit(api.url, str(spec(tmp_path)), "--wait")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.index("RUNNING") < out.index("step    11") < out.index("step    12")
+    assert out.index("step    12") < out.index("SUCCEEDED")
 
 
 def test_a_given_key_is_sent_on_every_try(scripted: list[ScriptedApi], tmp_path: Path) -> None:
