@@ -55,7 +55,6 @@ from bench.submit_backends import (
 from zeropilot.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
-WARM_SUBMITS = 200
 ADMIN_DSN = os.environ.get(
     "ZEROPILOT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -178,10 +177,11 @@ def measure(
     args: argparse.Namespace,
 ) -> list[Result]:
     """Every system at every client count, ``--rounds`` times, the systems taking turns, after
-    ``WARM_SUBMITS`` unmeasured ones each from the most clients: every API worker's connections,
+    ``--warm`` unmeasured submits each from the most clients: every API worker's connections,
     prepared statements and caches, and PostgreSQL's catalog caches in its new backends."""
     for _name, submit in systems:
-        run_clients(submit, WARM_SUBMITS, max(args.clients))
+        if args.warm:
+            run_clients(submit, args.warm, max(args.clients))
     results = []
     for number in range(args.rounds):
         for name, submit in systems if number % 2 == 0 else systems[::-1]:
@@ -300,6 +300,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--submits", type=int, default=400, help="submits per measurement")
     parser.add_argument(
         "--rounds", type=int, default=3, help="measurements of each row, the systems taking turns"
+    )
+    parser.add_argument(
+        "--warm", type=int, default=200, help="unmeasured submits per system before round 0"
     )
     parser.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4])
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn --workers")
