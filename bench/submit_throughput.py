@@ -8,8 +8,9 @@ turns (the order flips each round), because this machine's speed drifts from min
 One table of every row at the end, load average beside each, then each round's ratio
 (zeropilot / sbatch) and their median per backlog and client count.
 
-zeropilot's clients are the SDK's (``zeropilot.client.Client``, one per thread, keep-alive), as a
-script submitting a sweep has them: each submit sends an Idempotency-Key and parses the answer.
+zeropilot's clients are the SDK's (``zeropilot.client.Client``, one per client process,
+keep-alive), as a script submitting a sweep has them: each submit sends an Idempotency-Key and
+parses the answer.
 
 zeropilot: a fresh PostgreSQL database (dropped at the end) and Redis DB 14 unless given; the API
 is started here as ``tests/e2e/stack.py`` does (uvicorn, ZEROPILOT_* variables) with
