@@ -128,11 +128,17 @@ class Settings(BaseSettings):
     def cluster_profiles(self) -> dict[str, ClusterProfile]:
         profiles = {LOCAL_PROFILE.name: LOCAL_PROFILE}
         if self.clusters.profiles_file is not None:
-            raw = yaml.safe_load(self.clusters.profiles_file.read_text()) or {}
-            for item in raw.get("clusters", []):
-                profile = ClusterProfile.model_validate(item)
+            for profile in _profiles_in(self.clusters.profiles_file.read_text()):
                 profiles[profile.name] = profile
         return profiles
+
+
+@lru_cache(maxsize=4)
+def _profiles_in(text: str) -> tuple[ClusterProfile, ...]:
+    """The clusters of a profiles file, parsed once per content: every submit asks, and an
+    edited file takes effect at the next request."""
+    raw = yaml.safe_load(text) or {}
+    return tuple(ClusterProfile.model_validate(item) for item in raw.get("clusters", []))
 
 
 @lru_cache

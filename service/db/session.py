@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -9,9 +10,13 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 from sqlmodel import Session, create_engine
 
 AUTOCOMMIT = "AUTOCOMMIT"
+# A connection back in the pool for less than this is not pinged when it is taken again.
+IDLE_BEFORE_PING_S = 1.0
 
 
 @lru_cache(maxsize=8)
@@ -22,7 +27,32 @@ def get_engine(url: str, echo: bool = False) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, echo=echo, pool_pre_ping=True)
+    engine = create_engine(url, echo=echo)
+    _ping_connections_left_idle(engine)
+    return engine
+
+
+def _ping_connections_left_idle(engine: Engine) -> None:
+    """A pooled connection is pinged before use only if it sat idle: one that served a request
+    a moment ago is as alive as a ping would show, and a ping on every checkout was one of the
+    three round trips of a submit. One found dead is replaced, as ``pool_pre_ping`` does; a
+    server lost within the idle time is met by the request's own statement (503, then the
+    pool reconnects)."""
+
+    def note_checkin(_dbapi: Any, record: ConnectionPoolEntry) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    def ping_if_idle(dbapi: Any, record: ConnectionPoolEntry, _: PoolProxiedConnection) -> None:
+        checked_in = record.info.get("checked_in")
+        if checked_in is None or time.monotonic() - checked_in < IDLE_BEFORE_PING_S:
+            return  # new (connected just now) or busy
+        try:
+            engine.dialect.do_ping(dbapi)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"the pooled connection is lost: {exc}") from exc
+
+    event.listen(engine, "checkin", note_checkin)
+    event.listen(engine, "checkout", ping_if_idle)
 
 
 @lru_cache(maxsize=8)
