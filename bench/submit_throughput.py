@@ -20,6 +20,7 @@ the backlog (the shared test cluster keeps Slurm's default of 10,000 jobs, and o
 use it). Held jobs never reach a node, so no slurmd is started.
 
 Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--rounds 3]
+  [--pin-api-workers]
   [--no-slurm]; a small run: --backlog 500 --submits 100 --rounds 1; the measured team under a
   quota: --quota 1000000
 """
@@ -246,8 +247,21 @@ def bench_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def pin_workers(parent: int) -> None:
+    """Each uvicorn worker, every thread of it, on a CPU of its own, in turn (a worker's
+    threads hand the GIL to each other: on one core, its caches stay warm)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    workers = [p for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    for index, child in enumerate(sorted(int(pid) for pid in workers)):
+        for thread in Path(f"/proc/{child}/task").iterdir():
+            os.sched_setaffinity(int(thread.name), {cpus[index % len(cpus)]})
+
+
 @contextmanager
-def api_process(database_url: str, redis_url: str, workers: int, data_dir: Path) -> Iterator[str]:
+def api_process(
+    database_url: str, redis_url: str, workers: int, data_dir: Path, pin: bool = False
+) -> Iterator[str]:
     port = free_port()
     env = {
         **os.environ,
@@ -267,6 +281,8 @@ def api_process(database_url: str, redis_url: str, workers: int, data_dir: Path)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process)
+        if pin:
+            pin_workers(process.pid)
         yield url
     finally:
         process.terminate()
@@ -307,6 +323,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4])
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn --workers")
+    parser.add_argument(
+        "--pin-api-workers", action="store_true", help="each API worker on a CPU of its own"
+    )
     parser.add_argument("--api-url", help="an API already running (then --token is needed)")
     parser.add_argument("--token", help="a member's token for --api-url")
     parser.add_argument("--database-url", help="the database of --api-url, to fill the backlog")
@@ -373,7 +392,8 @@ def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotC
         return
     with bench_database() as database_url:
         token = zeropilot_users(database_url, args.quota)
-        with api_process(database_url, args.redis_url, args.api_workers, tmp) as url:
+        workers = args.api_workers
+        with api_process(database_url, args.redis_url, workers, tmp, args.pin_api_workers) as url:
             yield ZeropilotClient(url, token), database_url
 
 
