@@ -12,6 +12,8 @@ from typing import Any, cast
 
 import httpx
 
+from zeropilot.one_write import send_each_request_in_one_write
+
 DEFAULT_URL = "http://127.0.0.1:8321"
 SUBMIT_TRIES = 5
 READ_TRIES = 4  # a read (GET) changes nothing, so a lost connection or a 503 is read again
@@ -59,6 +61,7 @@ class Client:
         self.url = (url or os.environ.get("ZEROPILOT_URL") or DEFAULT_URL).rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        send_each_request_in_one_write(self._http)
 
     def submit(
         self,
