@@ -1,8 +1,8 @@
 """Each HTTP request sent in one write.
 
 httpcore writes a request's head and its body separately: two sends, so two deliveries by the
-kernel and two wake-ups of the server for one request. On loopback that cost the API 0.2-0.5 ms
-of CPU per submit in each of five measured pairs (docs/benchmarks.md). Here what a request
+kernel and two wake-ups of the server for one request. On loopback that cost the API 0.1-1.0 ms
+of CPU per submit in each of six measured pairs (docs/benchmarks.md). Here what a request
 writes is held and sent together just before its answer is read, which in HTTP/1.1 always
 follows the whole request; an error of that send comes out of the read as the same httpx
 transport error (``WriteError``).
