@@ -203,6 +203,27 @@ def quota(api: httpx.Client, ns: str, hard: dict[str, str]) -> None:
     assert api.post(f"/api/v1/namespaces/{ns}/resourcequotas", json=body).is_success
     # The quota admits nothing until the resource-quota controller has counted the usage.
     wait_until(lambda: "used" in read_quota(api, ns)["status"] if read_quota(api, ns) else False)
+    # The API server's admission reads quotas from a cache of its own, which can lag behind (a
+    # namespace it found without quotas a moment ago stays so for a while): wait until it
+    # refuses what the quota forbids, asked as a dry run, which stores nothing.
+    wait_until(lambda: refused_in_dry_run(api, ns, hard))
+
+
+def refused_in_dry_run(api: httpx.Client, ns: str, hard: dict[str, str]) -> bool:
+    ((resource, value),) = hard.items()  # each test's quota sets one limit
+    container: dict[str, Any] = {"name": "probe", "image": "busybox"}
+    pod = {"restartPolicy": "Never", "containers": [container]}
+    probes: dict[str, tuple[str, dict[str, Any]]] = {
+        "count/jobs.batch": (f"/apis/batch/v1/namespaces/{ns}/jobs", {"template": {"spec": pod}}),
+        "services": (f"/api/v1/namespaces/{ns}/services", {"ports": [{"port": 80}]}),
+        "requests.nvidia.com/gpu": (f"/api/v1/namespaces/{ns}/pods", pod),
+    }
+    if resource == "requests.nvidia.com/gpu":  # one GPU more than the quota holds
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(int(value) + 1)}}
+    path, spec = probes[resource]
+    response = api.post(path, params={"dryRun": "All"},
+                        json={"metadata": {"name": "quota-probe"}, "spec": spec})  # fmt: skip
+    return response.status_code == 403 and "exceeded quota" in response.text
 
 
 def read_quota(api: httpx.Client, ns: str) -> dict[str, Any]:
