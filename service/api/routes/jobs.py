@@ -86,7 +86,8 @@ def _submit(
 ) -> Response:
     engine = get_engine(settings.database_url)
     # Where a new job is one statement (PostgreSQL), atomic on its own, a submit under no limit
-    # needs no transaction, and so sends no BEGIN and no COMMIT: two round trips of five.
+    # needs no transaction, and so sends no BEGIN and no COMMIT: two round trips of four (five
+    # when the pooled connection sat idle and is pinged first).
     reads = autocommit(engine) if writes_in_one_statement(engine) else engine
     with Session(reads) as session:
         caller = submitter_of(session, credentials)
@@ -108,7 +109,6 @@ def _store_submitted(
     team = caller.team_name
     if spec.team is not None and spec.team != team:
         raise _unprocessable("team", f"you belong to team {team!r}, not {spec.team!r}")
-    profile = _profile_for(settings, spec)
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
     if why := refusal(caller, profile.name, gpus, profile.max_gpus):
         raise _unprocessable("resources", why)
