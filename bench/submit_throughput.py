@@ -392,8 +392,10 @@ def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotC
         return
     with bench_database() as database_url:
         token = zeropilot_users(database_url, args.quota)
-        workers = args.api_workers
-        with api_process(database_url, args.redis_url, workers, tmp, args.pin_api_workers) as url:
+        api = api_process(
+            database_url, args.redis_url, args.api_workers, tmp, pin=args.pin_api_workers
+        )
+        with api as url:
             yield ZeropilotClient(url, token), database_url
 
 

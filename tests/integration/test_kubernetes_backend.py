@@ -211,15 +211,17 @@ def quota(api: httpx.Client, ns: str, hard: dict[str, str]) -> None:
 
 def refused_in_dry_run(api: httpx.Client, ns: str, hard: dict[str, str]) -> bool:
     ((resource, value),) = hard.items()  # each test's quota sets one limit
-    container: dict[str, Any] = {"name": "probe", "image": "busybox"}
-    pod = {"restartPolicy": "Never", "containers": [container]}
+    container = {"name": "probe", "image": "busybox"}
+    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    gpus = {"limits": {"nvidia.com/gpu": str(int(value) + 1)}}  # one more than a GPU quota holds
     probes: dict[str, tuple[str, dict[str, Any]]] = {
         "count/jobs.batch": (f"/apis/batch/v1/namespaces/{ns}/jobs", {"template": {"spec": pod}}),
         "services": (f"/api/v1/namespaces/{ns}/services", {"ports": [{"port": 80}]}),
-        "requests.nvidia.com/gpu": (f"/api/v1/namespaces/{ns}/pods", pod),
+        "requests.nvidia.com/gpu": (
+            f"/api/v1/namespaces/{ns}/pods",
+            {**pod, "containers": [{**container, "resources": gpus}]},
+        ),
     }
-    if resource == "requests.nvidia.com/gpu":  # one GPU more than the quota holds
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(int(value) + 1)}}
     path, spec = probes[resource]
     response = api.post(path, params={"dryRun": "All"},
                         json={"metadata": {"name": "quota-probe"}, "spec": spec})  # fmt: skip
