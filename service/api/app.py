@@ -10,6 +10,7 @@ from service.api.deadline import Deadline
 from service.api.deps import get_current_user
 from service.api.docs import mount_docs
 from service.api.errors import error_responses, install_error_handlers
+from service.api.plain_submit import plain_submit_route
 from service.api.routes import advice, health, jobs, prometheus, runtime, teams, users
 from service.api.text_guard import TextGuard
 from service.logs import configure_logging
@@ -33,6 +34,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings = settings or get_settings()
     app.include_router(health.router, responses=error_responses(504))
     app.include_router(prometheus.router)
+    # Before the jobs router: well-formed submits skip FastAPI's per-request work.
+    app.router.routes.append(plain_submit_route(jobs.create_job_route()))
     for module in (jobs, runtime, teams, users):
         app.include_router(module.router, responses=V1_ERRORS)
     configure_logging(settings.log.format, settings.log.level)

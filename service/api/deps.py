@@ -18,7 +18,7 @@ from service.db.users import Caller, caller_by_token, member_by_token
 from service.security import attempt_token_valid
 from service.settings import Settings
 
-_bearer = HTTPBearer(auto_error=False)
+bearer = HTTPBearer(auto_error=False)
 
 
 # Dependencies that do no I/O are async: a sync one costs a hop to the thread pool per request.
@@ -36,7 +36,7 @@ def get_db(settings: SettingsDep) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 def _unauthorized(detail: str) -> HTTPException:

@@ -7,6 +7,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from sqlmodel import Session, col, select
 
@@ -51,6 +52,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 # A job's detail carries at most this many of its latest events, metrics and checkpoints, so
 # its size is bounded however long the job runs; /metrics pages through every point.
 DETAIL_ROWS = 10_000
+IDEMPOTENCY_KEY_MAX = 255
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"  # printable ASCII: PostgreSQL text cannot hold a NUL
 
 
 @router.post(
@@ -66,8 +69,8 @@ async def create_job(
     idempotency_key: Annotated[
         str | None,
         Header(
-            max_length=255,
-            pattern=r"^[!-~]+$",  # printable ASCII: PostgreSQL text cannot hold a NUL
+            max_length=IDEMPOTENCY_KEY_MAX,
+            pattern=IDEMPOTENCY_KEY_PATTERN,
             description="a retried submit with the same key returns the job the first stored",
         ),
     ] = None,
@@ -75,10 +78,21 @@ async def create_job(
     """Validate, plan and store a job; its launch is queued once the row is committed."""
     # One hop to a worker thread for all of it (caller, session, submit): as dependencies and a
     # sync handler it took four, and the hops cost the API about as much CPU as the submit.
-    return await run_in_threadpool(_submit, spec, credentials, settings, idempotency_key)
+    return await run_in_threadpool(submit, spec, credentials, settings, idempotency_key)
 
 
-def _submit(
+def create_job_route() -> APIRoute:
+    """The submit's route: its contract (OpenAPI, the refusals of a malformed request)."""
+    return next(
+        route
+        for route in router.routes
+        if isinstance(route, APIRoute)
+        and route.path == router.prefix
+        and "POST" in (route.methods or ())
+    )
+
+
+def submit(
     spec: JobSpec,
     credentials: HTTPAuthorizationCredentials | None,
     settings: Settings,
