@@ -61,14 +61,21 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def snapshot(api_parent: int) -> dict[str, float]:
+def snapshot(api_parent: int) -> dict[str, dict[int, float]]:
+    """CPU seconds so far of each process, by role (the client: this process)."""
     workers = pids("-P", str(api_parent)) or [api_parent]  # one worker: uvicorn serves itself
     return {
-        "api": sum(process_cpu(pid) for pid in workers),
-        "postgres": sum(process_cpu(pid) for pid in pids("-x", "postgres")),
-        "redis": sum(process_cpu(pid) for pid in pids("-x", "redis-server")),
-        "client": own_cpu(),
+        "api": {pid: process_cpu(pid) for pid in workers},
+        "postgres": {pid: process_cpu(pid) for pid in pids("-x", "postgres")},
+        "redis": {pid: process_cpu(pid) for pid in pids("-x", "redis-server")},
+        "client": {0: own_cpu()},
     }
+
+
+def used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU used between two snapshots by the processes alive at the second: one that exited
+    in between (a PostgreSQL backend) is left out rather than counted negative."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def submitter(kind: str, url: str, token: str) -> Callable[[int], None]:
@@ -140,7 +147,7 @@ def main() -> None:
             seconds = run(submit, args.submits, args.clients)
             after = snapshot(api_parent)
     redis.Redis.from_url(args.redis_url).flushdb()
-    per_submit = {name: 1000 * (after[name] - before[name]) / args.submits for name in before}
+    per_submit = {name: 1000 * used(before[name], after[name]) / args.submits for name in before}
     print(
         f"{args.client} client, {args.clients} clients, {args.api_workers} API workers: "
         f"{args.submits / seconds:.1f} submits/s; CPU ms per submit: "
