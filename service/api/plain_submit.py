@@ -17,14 +17,13 @@ import re
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.deps import bearer
+from service.api.deps import bearer, get_settings
 from service.api.routes.jobs import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
 from service.core.spec import JobSpec
-from service.settings import Settings
 
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
@@ -39,16 +38,17 @@ class PlainSubmit:
         self.contract = contract
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read_body(receive)
-        if body is None:  # the client went away (or BodyLimit cut it off and answers 413)
+        request = Request(scope, receive)
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # the client went away (or BodyLimit cut it off: its 413)
             return
-        request = Request(scope)
         spec = _plain_spec(request, body)
         key = request.headers.get("idempotency-key")
         if spec is None or (key is not None and not _plain_key(key)):
             await self.contract.handle(scope, _replay(body, receive), send)
             return
-        settings: Settings = scope["app"].state.settings
+        settings = await get_settings(request)
         credentials = await bearer(request)
         response = await run_in_threadpool(submit, spec, credentials, settings, key)
         await response(scope, receive, send)
@@ -65,18 +65,7 @@ def _plain_spec(request: Request, body: bytes) -> JobSpec | None:
 
 
 def _plain_key(key: str) -> bool:
-    return len(key) <= IDEMPOTENCY_KEY_MAX and _KEY.match(key) is not None
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    return len(key) <= IDEMPOTENCY_KEY_MAX and _KEY.fullmatch(key) is not None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
