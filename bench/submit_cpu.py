@@ -6,12 +6,11 @@ a warm-up, and divides each process's CPU time (``utime + stime`` from ``/proc``
 the number of submits. CPU per submit is steadier than a rate on a shared machine whose speed
 drifts, but it still moves with it: compare versions run alternately.
 
-``--client sdk`` is ``zeropilot.client.Client`` (httpx, an Idempotency-Key, the answer parsed);
-``--client raw`` is ``http.client`` on a kept-alive connection, to see the server's share alone;
-``--client sdk-two-writes`` is the SDK on httpx's own transport, which writes a request's head
-and body separately (what ``zeropilot.one_write`` avoids).
+``--client sdk`` is ``zeropilot.client.Client`` (an Idempotency-Key, the answer parsed);
+``--client raw`` is ``http.client`` on a kept-alive connection, no key, to see the server's
+share alone.
 
-Usage: python bench/submit_cpu.py [--submits 2000] [--clients 4] [--client raw|sdk|sdk-two-writes]
+Usage: python bench/submit_cpu.py [--submits 2000] [--clients 4] [--client raw|sdk]
   [--api-workers 2]
 """
 
@@ -30,7 +29,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -87,10 +85,6 @@ def submitter(kind: str, url: str, token: str) -> Callable[[int], None]:
     def sdk(index: int) -> None:
         if not hasattr(local, "client"):
             local.client = Client(url, token, timeout=60)
-            if kind == "sdk-two-writes":  # as before zeropilot.one_write: httpx as it comes
-                local.client._http = httpx.Client(
-                    base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60
-                )
         local.client.submit(job_spec(f"cpu-{index}"), tries=1)
 
     def raw(index: int) -> None:
@@ -132,7 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--submits", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--client", choices=["sdk", "sdk-two-writes", "raw"], default="raw")
+    parser.add_argument("--client", choices=["sdk", "raw"], default="raw")
     parser.add_argument("--api-workers", type=int, default=2)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     args = parser.parse_args()

@@ -10,8 +10,7 @@ One table of every row at the end, load average beside each, then each round's r
 
 zeropilot's clients are the SDK's (``zeropilot.client.Client``, one per client process,
 keep-alive), as a script submitting a sweep has them: each submit sends an Idempotency-Key and
-parses the answer. ``--client http.client`` sends the same request on a bare ``http.client``
-connection instead, to see the share of the SDK's own work.
+parses the answer.
 
 zeropilot: a fresh PostgreSQL database (dropped at the end) and Redis DB 14 unless given; the API
 is started here as ``tests/e2e/stack.py`` does (uvicorn, ZEROPILOT_* variables) with
@@ -21,7 +20,7 @@ the backlog (the shared test cluster keeps Slurm's default of 10,000 jobs, and o
 use it). Held jobs never reach a node, so no slurmd is started.
 
 Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--rounds 3]
-  [--pin-api-workers] [--client sdk|http.client]
+  [--pin-api-workers]
   [--no-slurm]; a small run: --backlog 500 --submits 100 --rounds 1; the measured team under a
   quota: --quota 1000000
 """
@@ -29,8 +28,6 @@ Usage: python bench/submit_throughput.py [--backlog 10000] [--submits 400] [--ro
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import multiprocessing
 import os
 import secrets
@@ -39,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -150,40 +146,19 @@ def job_spec(name: str) -> dict[str, Any]:
 
 
 class ZeropilotClient:
-    """One client per client process (keep-alive), as a script submitting in a loop has: the
-    SDK's, or (``http_client``) a bare ``http.client`` connection sending the same request (the
-    same headers and an Idempotency-Key), to see what the SDK's own work costs."""
+    """One SDK client per client process (keep-alive), as a script submitting in a loop has."""
 
-    def __init__(self, url: str, token: str, http_client: bool = False) -> None:
-        self.url, self.token, self.http_client = url, token, http_client
-        self.clients: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.clients: dict[int, Client] = {}
 
     def submit(self, index: int) -> None:
-        send = self.clients.get(os.getpid())  # a forked client opens its own connection
-        if send is None:
-            send = self.clients[os.getpid()] = self._sender()
-        job = send(job_spec(f"bench-{index}"))
+        client = self.clients.get(os.getpid())  # a forked client opens its own connection
+        if client is None:
+            client = self.clients[os.getpid()] = Client(self.url, self.token, timeout=60)
+        job = client.submit(job_spec(f"bench-{index}"), tries=1)
         if job["status"] != "QUEUED":
             raise RuntimeError(f"job {job['id']} is {job['status']}: {job['message']}")
-
-    def _sender(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        if not self.http_client:
-            client = Client(self.url, self.token, timeout=60)
-            return lambda spec: client.submit(spec, tries=1)
-        host, port = self.url.split("//", 1)[1].rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=60)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-
-        def send(spec: dict[str, Any]) -> dict[str, Any]:
-            keyed = {**headers, "Idempotency-Key": str(uuid.uuid4())}
-            connection.request("POST", "/v1/jobs", json.dumps(spec).encode(), keyed)
-            answer = connection.getresponse()
-            body: dict[str, Any] = json.loads(answer.read())
-            if answer.status != 201:
-                raise RuntimeError(f"submit answered {answer.status}: {body}")
-            return body
-
-        return send
 
 
 def sbatch_submit(conf: Path, script: Path) -> Callable[[int], None]:
@@ -349,12 +324,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4])
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn --workers")
     parser.add_argument(
-        "--client",
-        choices=["sdk", "http.client"],
-        default="sdk",
-        help="zeropilot's client: the SDK, or the same request on a bare http.client connection",
-    )
-    parser.add_argument(
         "--pin-api-workers", action="store_true", help="each API worker on a CPU of its own"
     )
     parser.add_argument("--api-url", help="an API already running (then --token is needed)")
@@ -418,9 +387,8 @@ def _sbatch(args: argparse.Namespace) -> Iterator[Callable[[int], None] | None]:
 @contextmanager
 def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotClient, str]]:
     redis.Redis.from_url(args.redis_url).flushdb()
-    http_client = args.client == "http.client"
     if args.api_url:
-        yield ZeropilotClient(args.api_url, args.token, http_client), args.database_url
+        yield ZeropilotClient(args.api_url, args.token), args.database_url
         return
     with bench_database() as database_url:
         token = zeropilot_users(database_url, args.quota)
@@ -428,7 +396,7 @@ def _zeropilot(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[ZeropilotC
             database_url, args.redis_url, args.api_workers, tmp, pin=args.pin_api_workers
         )
         with api as url:
-            yield ZeropilotClient(url, token, http_client), database_url
+            yield ZeropilotClient(url, token), database_url
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import httpx
 import typer
 import yaml
 from rich.console import Console
@@ -16,6 +15,7 @@ from rich.markup import escape
 
 from zeropilot import credentials
 from zeropilot.client import ApiError, Client, format_detail
+from zeropilot.transport import InvalidRequest, TlsRefused, TransportError
 
 # soft_wrap: long lines stay whole when piped or logged, instead of breaking at 80 columns.
 console = Console(soft_wrap=True)
@@ -111,7 +111,10 @@ def _read_text(path: Path, where: str, what: str) -> str:
 
 def api_client() -> Client:
     url, token = credentials.resolve()
-    return Client(url, token)
+    try:
+        return Client(url, token)
+    except ValueError as exc:  # a URL or a proxy setting it cannot use
+        fail(str(exc), 2)
 
 
 def call_api(call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -121,6 +124,10 @@ def call_api(call: Any, *args: Any, **kwargs: Any) -> Any:
     except ApiError as exc:
         code = 2 if exc.status_code == 422 else 1
         fail(f"{exc.status_code}: {format_detail(exc.detail)}", code)
-    except httpx.TransportError as exc:
+    except InvalidRequest as exc:
+        fail(f"cannot send this request: {exc}", 2)
+    except TlsRefused as exc:
+        fail(f"cannot reach zeropilot at {credentials.resolve()[0]} securely ({exc})")
+    except TransportError as exc:
         url = credentials.resolve()[0]
         fail(f"cannot reach zeropilot at {url} ({exc}); is `zeropilot up` running?")

@@ -9,10 +9,15 @@ import uuid
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from typing import Any, cast
+from urllib.parse import quote
 
-import httpx
-
-from zeropilot.one_write import send_each_request_in_one_write
+from zeropilot.transport import (
+    CannotConnect,
+    NoAnswerInTime,
+    Response,
+    Transport,
+    TransportError,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8321"
 SUBMIT_TRIES = 5
@@ -60,8 +65,11 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or os.environ.get("ZEROPILOT_URL") or DEFAULT_URL).rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        send_each_request_in_one_write(self._http)
+        self._http = Transport(self.url, headers, timeout)
+
+    def close(self) -> None:
+        """Close the kept-alive connections (they also close when the client is collected)."""
+        self._http.close()
 
     def submit(
         self,
@@ -77,12 +85,14 @@ class Client:
         maybe_stored = False
         for number in range(1, tries + 1):
             try:
-                return self._call("POST", "/v1/jobs", json=spec, headers={"Idempotency-Key": key})
-            except (ApiError, httpx.TransportError) as exc:
+                return self._call(
+                    "POST", "/v1/jobs", json_body=spec, headers={"Idempotency-Key": key}
+                )
+            except (ApiError, TransportError) as exc:
                 reason = self._retry_reason(exc)
                 if reason is None:
                     raise  # an answer to act on (a refusal, a conflict), not an outage
-                maybe_stored |= not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                maybe_stored |= not isinstance(exc, TransportError) or exc.may_have_arrived
                 if number == tries:
                     raise GaveUp(reason, tries, key, maybe_stored) from exc
                 delay = retry_delay(exc, number)
@@ -98,11 +108,11 @@ class Client:
                 return None
             text = format_detail(exc.detail)
             return "database unavailable" if "database" in text else "service unavailable (503)"
-        if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
-            return None  # this side's mistake (the URL, the request): trying again cannot help
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        if isinstance(exc, TransportError) and not exc.worth_retrying:
+            return None  # this side's mistake or a refused certificate: the same again
+        if isinstance(exc, CannotConnect):
             return f"cannot connect to {self.url}"
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, NoAnswerInTime):
             return f"no answer from {self.url} in time"
         return f"connection to {self.url} lost before the answer"
 
@@ -115,10 +125,10 @@ class Client:
         return self._call("GET", "/v1/jobs", params=params)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
 
     def logs(
         self, job_id: str, tail: int = 200, offset: int | None = None, attempt: int | None = None
@@ -128,16 +138,17 @@ class Client:
             params["offset"] = offset
         if attempt is not None:
             params["attempt"] = attempt
-        response = self._send("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        response = self._send("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params)
         next_offset = response.headers.get("X-Next-Offset")
         return response.json()["text"], int(next_offset) if next_offset else None
 
     def metrics(self, job_id: str, after_id: int = 0) -> list[dict[str, Any]]:
-        response = self._send("GET", f"/v1/jobs/{job_id}/metrics", params={"after_id": after_id})
+        path = f"/v1/jobs/{_segment(job_id)}/metrics"
+        response = self._send("GET", path, params={"after_id": after_id})
         return cast(list[dict[str, Any]], response.json())
 
     def advise(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/v1/advice", json=spec)
+        return self._call("POST", "/v1/advice", json_body=spec)
 
     def me(self) -> dict[str, Any]:
         return self._call("GET", "/v1/me")
@@ -146,18 +157,18 @@ class Client:
         self, name: str, team: str, is_admin: bool = False, role: str = "member"
     ) -> dict[str, Any]:
         body = {"name": name, "team": team, "is_admin": is_admin, "role": role}
-        return self._call("POST", "/v1/users", json=body)
+        return self._call("POST", "/v1/users", json_body=body)
 
     def teams(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._send("GET", "/v1/teams").json())
 
     def update_team(self, name: str, **fields: Any) -> dict[str, Any]:
-        return self._call("PATCH", f"/v1/teams/{name}", json=fields)
+        return self._call("PATCH", f"/v1/teams/{_segment(name)}", json_body=fields)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs: Any) -> Response:
         """One request; a read is tried again after a lost connection or a 503 (honouring
         Retry-After), up to ``READ_TRIES`` in all. A write is sent once: only ``submit``
         knows how to send one again safely (its Idempotency-Key)."""
@@ -165,21 +176,29 @@ class Client:
         for number in range(1, tries + 1):
             try:
                 return self._send_once(method, path, **kwargs)
-            except (ApiError, httpx.TransportError) as exc:
+            except (ApiError, TransportError) as exc:
                 if number == tries or self._retry_reason(exc) is None:
                     raise
                 time.sleep(retry_delay(exc, number))
         raise AssertionError("unreachable: the last try returns or raises")
 
-    def _send_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send_once(self, method: str, path: str, **kwargs: Any) -> Response:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
+                parsed = response.json()
             except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, detail, response.headers.get("Retry-After"))
+                parsed = None
+            detail = parsed.get("detail", response.text) if isinstance(parsed, dict) else None
+            raise ApiError(
+                response.status_code, detail or response.text, response.headers.get("Retry-After")
+            )
         return response
+
+
+def _segment(value: str) -> str:
+    """A name or id as one path segment: a slash or a space in it cannot reach another route."""
+    return quote(value, safe="")
 
 
 def retry_delay(exc: Exception, number: int) -> float:

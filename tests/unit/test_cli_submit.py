@@ -134,8 +134,9 @@ def test_a_url_this_side_got_wrong_is_not_retried(
     waits: list[float] = []
     monkeypatch.setattr("zeropilot.client.time.sleep", waits.append)
     result = submit("htp://127.0.0.1:8321", str(spec(tmp_path)))
-    assert (result.exit_code, waits) == (1, [])
-    assert "unsupported protocol 'htp://'" in result.stderr
+    assert (result.exit_code, waits) == (2, [])
+    assert "must be http:// or https://" in result.stderr
+    assert "htp://127.0.0.1:8321" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,11 @@ scripted HTTP server on loopback; the real API's database outage is in tests/e2e
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.unit.scripted_api import DROP, Answer, ScriptedApi, serve
 from zeropilot.client import READ_TRIES, ApiError, Client
+from zeropilot.transport import TransportError
 
 JOB = {"id": "j1", "name": "tiny", "status": "RUNNING"}
 OUTAGE: Answer = (503, {"Retry-After": "0"}, {"detail": "the database is unavailable; retry"})
@@ -44,6 +44,6 @@ def test_a_write_other_than_submit_is_sent_once(scripted: list[ScriptedApi]) -> 
     with pytest.raises(ApiError):
         Client(api.url, "zp_t").cancel("j1")
     api_dropped = serve(scripted, DROP, FOUND)
-    with pytest.raises(httpx.TransportError):
+    with pytest.raises(TransportError):
         Client(api_dropped.url, "zp_t").cancel("j1")
     assert (len(api.keys), len(api_dropped.keys)) == (1, 1)
