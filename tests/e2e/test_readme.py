@@ -1,6 +1,6 @@
 """The README's CLI promises, walked as a newcomer would: the table names every option the CLI
-has (and only those), and each command of its "Try the CLI" block runs as written against a
-running stack, exiting 0."""
+has (and only those), each command of its "Try the CLI" block runs as written against a
+running stack, exiting 0, and so does its "From Python" block."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from zeropilot.cli import app
 
 README = (REPO / "README.md").read_text()
 TRY_BLOCK = re.compile(r"### Try the CLI\n.*?```sh\n(.*?)```", re.DOTALL)
+PYTHON_BLOCK = re.compile(r"### From Python\n.*?```python\n(.*?)```", re.DOTALL)
 TABLE_ROW = re.compile(r"^\| `zeropilot ((?:teams|users) [a-z]+|[a-z]+)(.*?)` \|", re.MULTILINE)
 OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
 
@@ -83,3 +84,25 @@ def test_every_command_of_the_readme_try_block_runs_as_written(stack: Stack, tok
         assert result.returncode == 0, f"{line}\n{result.stdout}\n{result.stderr}{stack.logs()}"
         if argv[1] == "submit":  # the job the following lines look at
             job = re.search(r"^job ([0-9a-f]{16}) ", result.stdout, re.MULTILINE).group(1)  # type: ignore[union-attr]
+
+
+def test_the_readme_python_block_runs_as_written(stack: Stack, token: str) -> None:
+    block = PYTHON_BLOCK.search(README)
+    assert block, "README has a 'From Python' block"
+    env = {**os.environ, "ZEROPILOT_URL": stack.url, "ZEROPILOT_TOKEN": token}
+
+    def run() -> list[list[str]]:
+        result = subprocess.run(
+            [sys.executable, "-c", block.group(1)],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}{stack.logs()}"
+        return [line.split() for line in result.stdout.splitlines()]
+
+    first = run()
+    assert [(name, status) for _, name, status, *_ in first] == [
+        ("tiny-gpt-sweep-1", "QUEUED"),
+        ("tiny-gpt-sweep-2", "QUEUED"),
+    ]  # no worker runs here: admitted and waiting for one
+    again = run()
+    assert [row[0] for row in again] == [row[0] for row in first]  # the keys: the same jobs
