@@ -71,6 +71,12 @@ class Client:
         """Close the kept-alive connections (they also close when the client is collected)."""
         self._http.close()
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def submit(
         self,
         spec: dict[str, Any],

@@ -76,9 +76,9 @@ def test_nothing_listening_means_nothing_was_stored(scripted: list[ScriptedApi])
 
 def test_requests_share_one_kept_alive_connection(scripted: list[ScriptedApi]) -> None:
     api = serve(scripted, (200, {}, JOB), keep_alive=True)
-    client = Client(api.url, "zp_t")
-    for _ in range(5):
-        assert client.get_job("j1") == JOB
+    with Client(api.url, "zp_t") as client:
+        for _ in range(5):
+            assert client.get_job("j1") == JOB
     assert api.connections == 1
 
 
