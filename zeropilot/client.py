@@ -196,9 +196,8 @@ class Client:
             except ValueError:
                 parsed = None
             detail = parsed.get("detail", response.text) if isinstance(parsed, dict) else None
-            raise ApiError(
-                response.status_code, detail or response.text, response.headers.get("Retry-After")
-            )
+            retry_after = response.headers.get("Retry-After")
+            raise ApiError(response.status_code, detail or response.text, retry_after)
         return response
 
 

@@ -3,10 +3,10 @@
 A submit through httpx cost its caller 1.57 ms of CPU and through ``http.client`` 0.63 ms
 (docs/benchmarks.md, fifth pass): for a sweep script that is most of its own share of a submit.
 What the SDK needs of HTTP is small: kept-alive connections that several threads may share,
-each request in one write (``http.client`` sends a bytes body with its head), timeouts, TLS, and
-proxies from the environment as httpx took them (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
-``NO_PROXY``). Errors come out as ``TransportError`` kinds that say whether the request may have
-reached the server, which is what decides whether a write may be sent again.
+each request in one write (``http.client`` alone sends the head and the body apart), timeouts,
+TLS, and proxies from the environment as httpx took them (``HTTP_PROXY``, ``HTTPS_PROXY``,
+``ALL_PROXY``, ``NO_PROXY``). Errors come out as ``TransportError`` kinds that say whether the
+request may have reached the server, which is what decides whether a write may be sent again.
 """
 
 from __future__ import annotations
@@ -127,12 +127,11 @@ class Transport:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
             raise ValueError(f"the zeropilot URL has a bad port: {url!r}") from exc
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, port
         self._origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
         self._base_path = parts.path.rstrip("/")
         self._headers = {"User-Agent": USER_AGENT, "Accept": "application/json", **headers}
         self._timeout = timeout
-        self._route = _route(parts.scheme, self._host, port)
+        self._route = _route(parts.scheme, parts.hostname, port)
         self._tls = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -147,11 +146,10 @@ class Transport:
         headers: dict[str, str] | None = None,
     ) -> Response:
         target = self._base_path + path + (f"?{urlencode(params)}" if params else "")
-        if self._route.absolute_target:
-            target = self._origin + target
         sent = {**self._headers, **(headers or {})}
-        if self._route.absolute_target:
-            sent.update(self._route.proxy_headers)  # a plain-HTTP proxy reads them per request
+        if self._route.absolute_target:  # a plain-HTTP proxy: the whole URL, its credentials
+            target = self._origin + target
+            sent.update(self._route.proxy_headers)
         body = None
         if json_body is not None:
             try:
