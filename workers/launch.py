@@ -20,7 +20,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col
 
-from service.checkpoint_paths import checkpoint_dir
+from service.checkpoint_paths import checkpoint_dir, job_fence
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
@@ -28,6 +28,7 @@ from service.core.states import AttemptStatus, JobStatus
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
+from service.db.users import checkpoint_roots_of
 from service.logs import job_id as current_job_id
 from service.metrics import ATTEMPTS_LAUNCHED
 from service.security import attempt_token
@@ -64,6 +65,7 @@ def _launch(settings: Settings, attempt_id: str) -> None:
         job, attempt = claimed
         current_job_id.set(job.id)  # on this task's log lines
         profile = settings.cluster_profiles()[job.cluster]
+        _check_resume_point(session, settings, job, attempt)
         request = build_request(settings, job, attempt, profile)
     backend = get_backend(profile.kind)
     _pause(settings.workers.fault_pause_before_submit_s)
@@ -125,6 +127,21 @@ def _claim(session: Session, attempt_id: str) -> tuple[Job, Attempt] | None:
         _touch(session, attempt)  # a retry of an interrupted launch: submit finds what exists
         return job, attempt
     return None  # launched already, finished, or cancelled
+
+
+def _check_resume_point(session: Session, settings: Settings, job: Job, attempt: Attempt) -> None:
+    """A checkpoint checked when it was reported may have become a link elsewhere since."""
+    if not attempt.resumed_from:
+        return
+    fence = job_fence(
+        settings.data_dir, job.id, job.spec, checkpoint_roots_of(session, job.team_id)
+    )
+    if fence is None or not fence.holds(attempt.resumed_from):
+        folder = fence.folder if fence else checkpoint_dir(settings.data_dir, job.id, job.spec)
+        raise PermanentError(
+            f"the checkpoint to resume from, {attempt.resumed_from}, no longer lies inside the"
+            f" job's checkpoint folder {folder}: not resumed from it"
+        )
 
 
 def build_request(

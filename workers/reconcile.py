@@ -89,7 +89,9 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
         backend = get_backend(profile.kind)
         status = backend.poll(profile, attempt.backend_ref)
         if job.status == JobStatus.CANCELLED:
-            if status.state.terminal:
+            if status.state == BackendState.SUCCEEDED:
+                _finished_before_cancel(session, job, attempt, status)
+            elif status.state.terminal:
                 move_attempt(
                     session,
                     attempt,
@@ -121,6 +123,23 @@ def cancel_attempt(settings: Settings, attempt_id: str) -> None:
         profile = settings.cluster_profiles()[job.cluster]
         get_backend(profile.kind).cancel(profile, attempt.backend_ref)
     # The next reconcile sees the processes gone and records the attempt as cancelled.
+
+
+def _finished_before_cancel(
+    session: Session, job: Job, attempt: Attempt, status: BackendStatus
+) -> None:
+    """The run exited 0 before the cancel reached it: the job stays CANCELLED (an ended job
+    never moves) and its attempt says the run finished, so its last checkpoint is whole."""
+    move_attempt(
+        session,
+        attempt,
+        _ACTIVE_ATTEMPT,
+        AttemptStatus.SUCCEEDED,
+        f"attempt {attempt.number} had exited 0 before the cancel of job {job.id} reached it:"
+        " the run finished",
+        exit_code=status.exit_code or 0,
+        native_state=status.native_state,
+    )
 
 
 def _apply(

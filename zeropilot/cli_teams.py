@@ -42,9 +42,19 @@ def set_team(
     share: Annotated[
         int | None, typer.Option(help="Fair-share weight (1-1000; default 1).", min=1, max=1000)
     ] = None,
+    checkpoint_root: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A folder where the team's jobs may put their own checkpoint.dir (repeat for"
+            " more; replaces the team's list).",
+        ),
+    ] = None,
+    no_checkpoint_roots: Annotated[
+        bool, typer.Option("--no-checkpoint-roots", help="Remove every checkpoint root.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Change a team's quota or share; waiting jobs that now fit start at once."""
+    """Change a team's quota, share or checkpoint roots; waiting jobs that now fit start."""
     fields: dict[str, Any] = {}
     if gpu_quota is not None and no_gpu_quota:
         fail("give --gpu-quota N or --no-gpu-quota, not both", 2)
@@ -52,14 +62,23 @@ def set_team(
         fields["gpu_quota"] = gpu_quota
     if share is not None:
         fields["gpu_share"] = share
+    if checkpoint_root and no_checkpoint_roots:
+        fail("give --checkpoint-root PATH or --no-checkpoint-roots, not both", 2)
+    if checkpoint_root or no_checkpoint_roots:
+        fields["checkpoint_roots"] = checkpoint_root or []
     if not fields:
-        fail("nothing to change: give --gpu-quota, --no-gpu-quota or --share", 2)
+        fail(
+            "nothing to change: give --gpu-quota, --no-gpu-quota, --share, --checkpoint-root"
+            " or --no-checkpoint-roots",
+            2,
+        )
     team = call_api(api_client().update_team, name, **fields)
     if as_json:
         print_json(team)
         return
     quota = "no quota" if team["gpu_quota"] is None else f"quota {team['gpu_quota']} GPUs"
+    roots = ", ".join(team["checkpoint_roots"]) or "none"
     console.print(
-        f"team {team['name']}: {quota}, share {team['gpu_share']}; "
+        f"team {team['name']}: {quota}, share {team['gpu_share']}, checkpoint roots {roots}; "
         f"holds {team['gpus_held']} GPUs, {team['jobs_waiting']} job(s) waiting"
     )

@@ -38,6 +38,13 @@ def short_input(value: Any) -> Any:
     return text if len(text) <= ECHO_LIMIT else text[:ECHO_LIMIT] + "..."
 
 
+def body_field_error(field: str, why: str, value: Any) -> RequestValidationError:
+    """A 422 about one field of the body, shaped as pydantic's own refusals are."""
+    return RequestValidationError(
+        [{"loc": ("body", field), "msg": why, "type": "value_error", "input": value}]
+    )
+
+
 async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     detail = jsonable_encoder(plain_errors(exc.errors()))

@@ -14,16 +14,22 @@ from __future__ import annotations
 
 import re
 
+from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
+from sqlmodel import Session
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.deps import bearer, get_settings
+from service.api.deps import bearer, get_settings, submitter_of
 from service.api.routes.jobs import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
 from service.core.spec import JobSpec
+from service.db.session import get_engine
+from service.settings import Settings
 
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
@@ -45,13 +51,30 @@ class PlainSubmit:
             return
         spec = _plain_spec(request, body)
         key = request.headers.get("idempotency-key")
-        if spec is None or (key is not None and not _plain_key(key)):
-            await self.contract.handle(scope, _replay(body, receive), send)
-            return
         settings = await get_settings(request)
         credentials = await bearer(request)
+        if spec is None or (key is not None and not _plain_key(key)):
+            # Who asks comes before what is wrong with the request: no 422 to a stranger.
+            refusal = await run_in_threadpool(_refusal_of_caller, settings, credentials)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            await self.contract.handle(scope, _replay(body, receive), send)
+            return
         response = await run_in_threadpool(submit, spec, credentials, settings, key)
         await response(scope, receive, send)
+
+
+def _refusal_of_caller(
+    settings: Settings, credentials: HTTPAuthorizationCredentials | None
+) -> Response | None:
+    """The 401 or 403 a submit with these credentials gets, or None when they may submit."""
+    with Session(get_engine(settings.database_url)) as session:
+        try:
+            submitter_of(session, credentials)
+        except HTTPException as exc:
+            return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+    return None
 
 
 def _plain_spec(request: Request, body: bytes) -> JobSpec | None:

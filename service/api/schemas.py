@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from service.core.limits import INT32_MAX, INT64_MAX, Text
 from service.core.roles import Role
@@ -171,12 +172,23 @@ class Me(BaseModel):
     role: Role
 
 
+def _absolute_folder(path: str) -> str:
+    if not os.path.isabs(path):
+        raise ValueError(f"{path!r} is not an absolute path")
+    return os.path.normpath(path)
+
+
+# A folder on the storage the API, the workers and the ranks all see, written out in full.
+CheckpointRoot = Annotated[Text, AfterValidator(_absolute_folder)]
+
+
 class TeamPublic(BaseModel):
     name: str
     gpu_quota: int | None  # GPUs its admitted jobs may hold at once; null: no limit
     gpu_share: int  # fair-share weight
     gpus_held: int  # by its admitted, unfinished jobs
     jobs_waiting: int  # PENDING, waiting for admission
+    checkpoint_roots: list[str]  # where its jobs may name their own checkpoint.dir
 
 
 class TeamUpdate(BaseModel):
@@ -185,3 +197,4 @@ class TeamUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX)
     gpu_share: int = Field(default=1, ge=1, le=1000)
+    checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)

@@ -292,12 +292,27 @@ def record_metric(session: Session, attempt: Attempt, values: dict[str, Any]) ->
     return point
 
 
+def count_checkpoints(session: Session, attempt: Attempt) -> int:
+    query = select(func.count()).where(
+        Checkpoint.job_id == attempt.job_id, Checkpoint.attempt_id == attempt.id
+    )
+    return int(session.exec(query).one())
+
+
 def record_checkpoint(
     session: Session, attempt: Attempt, step: int, path: str, tag: str | None
 ) -> Checkpoint:
-    checkpoint = Checkpoint(
-        job_id=attempt.job_id, attempt_id=attempt.id, step=step, path=path, tag=tag
+    """Store a saved checkpoint; the same step and path reported again is one row."""
+    query = select(Checkpoint).where(
+        Checkpoint.job_id == attempt.job_id,
+        Checkpoint.attempt_id == attempt.id,
+        Checkpoint.step == step,
+        Checkpoint.path == path,
     )
+    checkpoint = session.exec(query).first() or Checkpoint(
+        job_id=attempt.job_id, attempt_id=attempt.id, step=step, path=path
+    )
+    checkpoint.tag = tag
     session.add(checkpoint)
     session.flush()
     return checkpoint

@@ -104,3 +104,9 @@ def bootstrap_admin(session: Session) -> str | None:
     if session.exec(select(func.count()).select_from(User)).one() > 0:
         return None
     return create_user(session, "admin", "default", is_admin=True)
+
+
+def checkpoint_roots_of(session: Session, team_id: int) -> list[str]:
+    """The folders where the team's jobs may name their own checkpoint.dir."""
+    roots = session.exec(select(Team.checkpoint_roots).where(Team.id == team_id)).first()
+    return list(roots or [])

@@ -28,7 +28,10 @@ def test_a_job_over_the_quota_starts_when_the_first_finishes(
         session.commit()
     quota = zeropilot(stack, admin, "teams", "set", "vision", "--gpu-quota", "2")
     assert quota.returncode == 0, quota.stderr
-    assert "team vision: quota 2 GPUs, share 1; holds 0 GPUs, 0 job(s) waiting" in quota.stdout
+    assert (
+        "team vision: quota 2 GPUs, share 1, checkpoint roots none; holds 0 GPUs, 0 job(s) waiting"
+        in quota.stdout
+    )
     stack.start_worker("w1")
 
     first = api.submit(tiny_spec("first", steps=10))  # 1 node x 2 ranks: the whole quota
@@ -36,7 +39,14 @@ def test_a_job_over_the_quota_starts_when_the_first_finishes(
     second_spec.write_text(yaml.safe_dump(tiny_spec("second", steps=10)))
     teams = json.loads(zeropilot(stack, token, "teams", "list", "--json").stdout)
     assert teams == [
-        {"name": "vision", "gpu_quota": 2, "gpu_share": 1, "gpus_held": 2, "jobs_waiting": 0}
+        {
+            "name": "vision",
+            "gpu_quota": 2,
+            "gpu_share": 1,
+            "gpus_held": 2,
+            "jobs_waiting": 0,
+            "checkpoint_roots": [],
+        }
     ]
 
     held_back = api.submit(tiny_spec("held-back", steps=10))

@@ -107,3 +107,15 @@ def test_missing_entrypoint_is_a_permanent_error(tmp_path: Path) -> None:
     bad = LaunchRequest(**{**bad.__dict__, "entrypoint": "no_such_script.py"})
     with pytest.raises(PermanentError, match=r"no_such_script\.py"):
         local.submit(bad)
+
+
+def test_a_missing_working_dir_is_a_permanent_error_naming_it(tmp_path: Path) -> None:
+    from workers.backends.base import PermanentError
+
+    gone = tmp_path / "deleted-checkout"
+    script = REPO / "examples" / "train_tiny.py"  # absolute: found without the working_dir
+    bad = request(tmp_path)
+    bad = LaunchRequest(**{**bad.__dict__, "entrypoint": str(script), "working_dir": gone})
+    with pytest.raises(PermanentError, match=f"working_dir '{gone}' is not a folder here"):
+        local.submit(bad)
+    assert not (bad.attempt_dir / "launch.json").exists()  # no supervisor to die in chdir

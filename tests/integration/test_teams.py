@@ -132,7 +132,14 @@ def test_teams_show_what_they_hold_and_only_admins_change_them(
 
     mine = client.get("/v1/teams", headers=auth(tokens["alice"])).json()
     assert mine == [
-        {"name": "vision", "gpu_quota": 2, "gpu_share": 3, "gpus_held": 2, "jobs_waiting": 1}
+        {
+            "name": "vision",
+            "gpu_quota": 2,
+            "gpu_share": 3,
+            "gpus_held": 2,
+            "jobs_waiting": 1,
+            "checkpoint_roots": [],
+        }
     ]
     everyone = client.get("/v1/teams", headers=auth(tokens["root"])).json()
     assert [team["name"] for team in everyone] == ["ops", "speech", "vision"]

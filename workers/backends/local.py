@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from service.contained_files import NotContained
 from service.core.clusters import ClusterProfile
 from service.core.failures import SIGKILL_EXIT_CODES
+from service.logtail import tail_lines as read_tail
 from workers.backends.base import (
     BackendState,
     BackendStatus,
@@ -53,6 +55,8 @@ _PASSED_THROUGH = (
 def submit(request: LaunchRequest) -> str:
     attempt_dir = make_private_dir(request.attempt_dir)
     entry = Path(request.entrypoint)
+    if not request.working_dir.is_dir():  # else the supervisor dies in chdir, saying nothing
+        raise PermanentError(f"working_dir {str(request.working_dir)!r} is not a folder here")
     if not (entry if entry.is_absolute() else request.working_dir / entry).is_file():
         raise PermanentError(
             f"entrypoint {request.entrypoint!r} not found in {request.working_dir}"
@@ -91,9 +95,12 @@ def _tail(attempt_dir: Path, tail_lines: int) -> str:
     files = sorted(attempt_dir.glob("node-*.log"))
     parts = []
     for path in files:
-        lines = path.read_text(errors="replace").splitlines()[-tail_lines:]
+        try:
+            text = read_tail(attempt_dir.parent, path, tail_lines)
+        except NotContained as exc:  # the job replaced its log: say so, read nothing through it
+            text = f"(not read: {exc})"
         header = [f"==> {path.name} <=="] if len(files) > 1 else []
-        parts.append("\n".join(header + lines))
+        parts.append("\n".join(header + text.splitlines()))
     return "\n".join(parts)
 
 

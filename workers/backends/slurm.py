@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from service.contained_files import NotContained
 from service.core.clusters import ClusterProfile
 from service.logtail import tail_lines as read_tail
 from workers.backends.base import (
@@ -94,7 +95,7 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
         return _status_from_files(job_id, attempt_dir)
     native_state = fields.get("JobState", "UNKNOWN")
     state = _STATES.get(native_state, BackendState.RUNNING)  # an unknown word is not an ending
-    log_tail = read_tail(log_file(attempt_dir, job_id), POLL_TAIL_LINES)
+    log_tail = _log_tail(attempt_dir, job_id, POLL_TAIL_LINES)
     return BackendStatus(
         state,
         exit_code=parse_exit_code(fields.get("ExitCode", "")) if state.terminal else None,
@@ -107,7 +108,14 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
 
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     job_id, attempt_dir = decode_ref(ref)
-    return read_tail(log_file(attempt_dir, job_id), tail_lines)
+    return _log_tail(attempt_dir, job_id, tail_lines)
+
+
+def _log_tail(attempt_dir: Path, job_id: str, lines: int) -> str:
+    try:
+        return read_tail(attempt_dir.parent, log_file(attempt_dir, job_id), lines)
+    except NotContained as exc:  # the job replaced its log: say so, read nothing through it
+        return f"(not read: {exc})"
 
 
 def log_path(ref: str) -> str:
@@ -201,7 +209,7 @@ def _sacct_job(profile: ClusterProfile, job_id: str) -> dict[str, str] | None:
 
 
 def _status_from_files(job_id: str, attempt_dir: Path) -> BackendStatus:
-    log_tail = read_tail(log_file(attempt_dir, job_id), POLL_TAIL_LINES)
+    log_tail = _log_tail(attempt_dir, job_id, POLL_TAIL_LINES)
     exit_file = exit_code_file(attempt_dir, job_id)
     code = int(exit_file.read_text().strip() or "1") if exit_file.exists() else None
     reason = f"Slurm no longer knows job {job_id}"

@@ -30,6 +30,8 @@ from service.api.schemas import (
     LogsPublic,
     MetricPublic,
 )
+from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
+from service.contained_files import NotContained
 from service.core.advice_memo import advise_once
 from service.core.advisor import NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
@@ -42,8 +44,8 @@ from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
 from service.db.session import autocommit, get_engine
 from service.db.transitions import move_job
-from service.db.users import Caller
-from service.logtail import read_from, tail_lines
+from service.db.users import Caller, checkpoint_roots_of
+from service.logtail import log_size, read_from, tail_lines
 from service.metrics import ADVISOR_SECONDS
 from service.settings import Settings
 from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
@@ -123,6 +125,12 @@ def _store_submitted(
     team = caller.team_name
     if spec.team is not None and spec.team != team:
         raise _unprocessable("team", f"you belong to team {team!r}, not {spec.team!r}")
+    if (
+        folder := resolve_dir(settings.data_dir, spec.checkpoint.dir, spec.working_dir)
+    ) is not None:
+        roots = checkpoint_roots_of(session, caller.team_id)
+        if root_holding(folder, roots) is None:  # another team's folder, or the service's own
+            raise _unprocessable("checkpoint.dir", outside_roots(folder, team, roots))
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
     if why := refusal(caller, profile.name, gpus, profile.max_gpus):
         raise _unprocessable("resources", why)
@@ -233,11 +241,12 @@ def cancel_job(
     return _public(job, _team_names(session)[job.team_id])
 
 
-@router.get("/{job_id}/logs", response_model=LogsPublic, responses=error_responses(404))
+@router.get("/{job_id}/logs", response_model=LogsPublic, responses=error_responses(404, 409))
 def job_logs(
     job_id: str,
     user: CurrentUser,
     session: SessionDep,
+    settings: SettingsDep,
     response: Response,
     attempt: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
     tail: Annotated[int, Query(ge=1, le=10000)] = 200,
@@ -253,13 +262,18 @@ def job_logs(
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}"
         )
-    path = Path(row.log_path) if row.log_path else None
-    if path is None:
+    if not row.log_path:
         return LogsPublic(attempt=number, text="")
-    if offset is None:  # the tail, and where a follower should continue from
-        response.headers["X-Next-Offset"] = str(path.stat().st_size if path.is_file() else 0)
-        return LogsPublic(attempt=number, text=tail_lines(path, tail))
-    text, next_offset = read_from(path, offset)
+    root, path = settings.attempts_dir, Path(row.log_path)
+    try:
+        if offset is None:  # the tail, and where a follower should continue from
+            response.headers["X-Next-Offset"] = str(log_size(root, path))
+            return LogsPublic(attempt=number, text=tail_lines(root, path, tail))
+        text, next_offset = read_from(root, path, offset)
+    except NotContained as exc:  # the job swapped its log for a link: never read through it
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, detail=f"attempt {number}'s log is not readable: {exc}"
+        ) from exc
     response.headers["X-Next-Offset"] = str(next_offset)
     return LogsPublic(attempt=number, text=text)
 

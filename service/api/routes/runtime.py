@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, HTTPException, status
 
 from service.api.deps import ReportingAttempt, SessionDep, SettingsDep
-from service.api.errors import error_responses
+from service.api.errors import body_field_error, error_responses
 from service.api.schemas import CheckpointReport, DeviceReport, FailureReport, MetricReport
-from service.checkpoint_paths import checkpoint_dir, lies_within
+from service.checkpoint_paths import configured_dir, job_fence
 from service.db import jobs as job_store
 from service.db.models import Job, JobEvent
+from service.db.users import checkpoint_roots_of
+
+# Enough for a checkpoint every 100 steps of 100,000; bounds the job's detail (4 KiB paths).
+MAX_CHECKPOINTS_PER_ATTEMPT = 1000
 
 router = APIRouter(
     prefix="/v1/runtime/attempts/{attempt_id}",
@@ -25,16 +28,25 @@ def report_metrics(report: MetricReport, attempt: ReportingAttempt, session: Ses
     session.commit()
 
 
-@router.post("/checkpoints", status_code=status.HTTP_204_NO_CONTENT)
+@router.post("/checkpoints", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(409))
 def report_checkpoint(
     report: CheckpointReport, attempt: ReportingAttempt, session: SessionDep, settings: SettingsDep
 ) -> None:
     job = session.get(Job, attempt.job_id)
-    folder = checkpoint_dir(settings.data_dir, attempt.job_id, job.spec if job else {})
-    if not lies_within(folder, report.path):  # a resume point elsewhere could be anyone's files
+    spec = job.spec if job else {}
+    roots = checkpoint_roots_of(session, job.team_id) if job else []
+    fence = job_fence(settings.data_dir, attempt.job_id, spec, roots)
+    if fence is None or not fence.holds(report.path):  # elsewhere could be anyone's files
+        folder = fence.folder if fence else configured_dir(settings.data_dir, spec)
         why = f"must lie inside the attempt's checkpoint folder {folder}"
-        raise RequestValidationError(
-            [{"loc": ("body", "path"), "msg": why, "type": "value_error", "input": report.path}]
+        if fence is None:
+            why += ", which is no longer inside a checkpoint root of the job's team"
+        raise body_field_error("path", why, report.path)
+    if job_store.count_checkpoints(session, attempt) >= MAX_CHECKPOINTS_PER_ATTEMPT:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"attempt {attempt.number} already reported {MAX_CHECKPOINTS_PER_ATTEMPT}"
+            " checkpoints, the most one attempt may record",
         )
     job_store.record_checkpoint(session, attempt, report.step, report.path, report.tag)
     session.commit()

@@ -6,12 +6,14 @@ from fastapi import APIRouter, HTTPException, status
 from sqlmodel import Session, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
-from service.api.errors import error_responses
+from service.api.errors import body_field_error, error_responses
 from service.api.schemas import TeamPublic, TeamUpdate
+from service.checkpoint_paths import roots_conflict
 from service.core.admission import Held
 from service.core.states import JobStatus
 from service.db.admission import admit_pending, held
 from service.db.models import Job, Team
+from service.settings import Settings
 from service.tasks import LAUNCH_ATTEMPT, send_or_leave_to_sweep
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"], responses=error_responses(401))
@@ -36,7 +38,10 @@ def update_team(
     team = session.exec(select(Team).where(Team.name == name)).first()
     if team is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no team {name!r}")
-    for field, value in body.model_dump(exclude_unset=True).items():
+    fields = body.model_dump(exclude_unset=True)
+    if "checkpoint_roots" in fields:
+        _check_roots(session, settings, team, fields["checkpoint_roots"])
+    for field, value in fields.items():
         setattr(team, field, value)
     session.add(team)
     launches = admit_pending(session, settings.cluster_profiles())
@@ -44,6 +49,12 @@ def update_team(
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     return _public(session, team, _usage(session))
+
+
+def _check_roots(session: Session, settings: Settings, team: Team, roots: list[str]) -> None:
+    others = session.exec(select(Team.name, Team.checkpoint_roots).where(Team.id != team.id))
+    if why := roots_conflict(roots, settings.data_dir, dict(others.all())):
+        raise body_field_error("checkpoint_roots", why, roots)
 
 
 def _usage(session: Session) -> Held:
@@ -62,4 +73,5 @@ def _public(session: Session, team: Team, usage: Held) -> TeamPublic:
         gpu_share=team.gpu_share,
         gpus_held=usage.by_team.get(team.name, 0),
         jobs_waiting=len(waiting),
+        checkpoint_roots=team.checkpoint_roots,
     )
