@@ -152,7 +152,8 @@ class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
     team: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
-    is_admin: bool = False
+    # strict: 0, 1 and "true" are not booleans, and granting a service admin must be meant
+    is_admin: bool = Field(default=False, strict=True)
     role: Role = Role.MEMBER  # inside the team: member, viewer (read-only) or team-admin
 
 
@@ -183,5 +184,6 @@ class TeamUpdate(BaseModel):
     """Fields left out stay as they are; ``gpu_quota: null`` removes the limit."""
 
     model_config = ConfigDict(extra="forbid")
-    gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    gpu_share: int = Field(default=1, ge=1, le=1000)
+    # strict: true is not a quota and "8" or 8.0 not a count, as the OpenAPI schema says
+    gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX, strict=True)
+    gpu_share: int = Field(default=1, ge=1, le=1000, strict=True)
