@@ -184,6 +184,6 @@ class TeamUpdate(BaseModel):
     """Fields left out stay as they are; ``gpu_quota: null`` removes the limit."""
 
     model_config = ConfigDict(extra="forbid")
-    # strict: true is not a quota and "8" or 8.0 not a count, as the OpenAPI schema says
+    # strict: true, "8" and 8.0 are refused, not read as a quota of 1 and of 8
     gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX, strict=True)
     gpu_share: int = Field(default=1, ge=1, le=1000, strict=True)
