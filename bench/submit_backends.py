@@ -67,8 +67,8 @@ def fill_zeropilot_backlog(database_url: str, jobs: int) -> None:
 def _job(spec: JobSpec, plan: dict[str, Any], user: User) -> Job:
     return Job(
         name=spec.name, team_id=user.team_id, user_id=user.id or 0, cluster="local",
-        spec=spec.model_dump(mode="json"), plan=plan, spec_digest=spec_digest(spec),
-        current_attempt=1,
+        gpus=spec.resources.world_size, spec=spec.model_dump(mode="json"), plan=plan,
+        spec_digest=spec_digest(spec), current_attempt=1,
     )  # fmt: skip
 
 

@@ -153,7 +153,8 @@ class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
     team: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
-    is_admin: bool = False
+    # strict: 0, 1 and "true" are not booleans, and granting a service admin must be meant
+    is_admin: bool = Field(default=False, strict=True)
     role: Role = Role.MEMBER  # inside the team: member, viewer (read-only) or team-admin
 
 
@@ -195,6 +196,7 @@ class TeamUpdate(BaseModel):
     """Fields left out stay as they are; ``gpu_quota: null`` removes the limit."""
 
     model_config = ConfigDict(extra="forbid")
-    gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    gpu_share: int = Field(default=1, ge=1, le=1000)
+    # strict: true, "8" and 8.0 are refused, not read as a quota of 1 and of 8
+    gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX, strict=True)
+    gpu_share: int = Field(default=1, ge=1, le=1000, strict=True)
     checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)

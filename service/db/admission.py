@@ -14,11 +14,13 @@ last free GPUs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import exists, func, update
+from sqlalchemy import Row, exists, func, update
+from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
-from service.core.admission import Held, Limits, Waiting, admit, gpus_of, never_fits
+from service.core.admission import Held, Limits, Waiting, admit, never_fits
 from service.core.clusters import ClusterProfile
 from service.core.states import JobStatus
 from service.db.held_gpus import held_everywhere
@@ -28,10 +30,6 @@ from service.db.transitions import move_job
 from service.db.users import Caller
 
 WAITING_PREFIX = "waiting: "
-
-
-def job_gpus(job: Job) -> int:
-    return gpus_of(job.spec)
 
 
 def limits_of(teams: Sequence[Team], profiles: dict[str, ClusterProfile]) -> Limits:
@@ -86,35 +84,63 @@ def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, 
     return usage, bool(row[2]), bool(row[3])
 
 
-def _waiting(job: Job, team: str) -> Waiting:
-    return Waiting(job.id, team, job.cluster, gpus_of(job.spec), job.priority, job.created_at)
+# What ordering and counting waiting jobs needs: never the spec or plan (up to a megabyte each).
+WAITING_COLUMNS = (
+    col(Job.id), col(Job.name), col(Job.team_id), col(Job.cluster), col(Job.gpus),
+    col(Job.priority), col(Job.created_at), col(Job.message),
+)  # fmt: skip
+
+
+def waiting_jobs(session: Session, team_id: int | None = None) -> Sequence[Row[Any]]:
+    """The PENDING jobs (of one team, or every team's), as rows of ``WAITING_COLUMNS``."""
+    query = sql_select(*WAITING_COLUMNS).where(col(Job.status) == JobStatus.PENDING)
+    if team_id is not None:
+        query = query.where(col(Job.team_id) == team_id)
+    return session.execute(query).all()
+
+
+def as_waiting(job: Row[Any], team_names: dict[int, str]) -> Waiting:
+    return Waiting(
+        job.id, team_names[job.team_id], job.cluster, job.gpus, job.priority, job.created_at
+    )
 
 
 def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list[str]:
     """Admit the PENDING jobs that fit; return the ids of the attempts to launch (send them
     after the commit). Jobs left waiting get the reason as their message."""
     _take_turn(session)  # first, so that on SQLite the pass starts as the one writer
-    pending = session.exec(select(Job).where(Job.status == JobStatus.PENDING)).all()
+    pending = waiting_jobs(session)
     if not pending:
         return []
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
-    waiting = [_waiting(job, names[job.team_id]) for job in pending]
+    waiting = [as_waiting(job, names) for job in pending]
     decision = admit(waiting, held(session, names), limits_of(teams, profiles))
-    by_id = {job.id: job for job in pending}
-    launches = []
-    for job_id in decision.admitted:
-        job = by_id[job_id]
-        if move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted", message=""):
-            attempt = current_attempt(session, job)
-            if attempt is not None:
-                launches.append(attempt.id)
-    for job_id, why in decision.waiting.items():
-        job = by_id[job_id]
-        if job.message != WAITING_PREFIX + why:  # write only what changed
-            job.message = WAITING_PREFIX + why
-            session.add(job)
+    launches = [
+        attempt_id
+        for job_id in decision.admitted
+        if (attempt_id := _admit(session, job_id)) is not None
+    ]
+    messages = {job.id: job.message for job in pending}
+    changed = [  # write only what changed
+        {"id": job_id, "message": WAITING_PREFIX + why}
+        for job_id, why in decision.waiting.items()
+        if messages[job_id] != WAITING_PREFIX + why
+    ]
+    if changed:
+        session.execute(update(Job), changed)  # by primary key, one executemany
     return launches
+
+
+def _admit(session: Session, job_id: str) -> str | None:
+    """Move one job to QUEUED; the id of the attempt to launch, or None if it moved on."""
+    job = session.get(Job, job_id)  # whole, as move_job takes it: only the admitted few
+    if job is None:
+        return None
+    if not move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted", message=""):
+        return None
+    attempt = current_attempt(session, job)
+    return attempt.id if attempt is not None else None
 
 
 def any_waiting(session: Session) -> bool:

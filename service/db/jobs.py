@@ -7,8 +7,10 @@ import json
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy import Select
+from sqlalchemy import select as sql_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
@@ -30,6 +32,8 @@ from service.db.session import in_autocommit
 from service.db.transitions import admit_on_creation, record_created
 from service.db.users import Caller
 from service.metrics import count_new_job_events
+
+SelectT = TypeVar("SelectT", bound=Select[Any])
 
 
 class IdempotencyConflict(Exception):
@@ -117,6 +121,7 @@ def store_job(
         user_id=caller.user_id,
         priority=spec.priority,
         cluster=spec.resources.cluster,
+        gpus=spec.resources.world_size,
         spec=stored_spec,
         plan=plan,
         advice_reason=advice_reason,
@@ -227,16 +232,43 @@ def list_jobs(
     limit: int,
     offset: int,
 ) -> tuple[Sequence[Job], int]:
-    query = select(Job)
-    if team_id is not None:
-        query = query.where(Job.team_id == team_id)
-    if status is not None:
-        query = query.where(Job.status == status)
-    count = session.exec(select(func.count()).select_from(query.subquery())).one()
-    page = (
-        query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).offset(offset).limit(limit)
+    """A page of whole jobs, newest first, and how many match."""
+    query = _newest_first(select(Job), team_id, status).offset(offset).limit(limit)
+    return session.exec(query).all(), _count_jobs(session, team_id, status)
+
+
+def list_job_fields(
+    session: Session,
+    fields: Sequence[str],
+    team_id: int | None,
+    status: JobStatus | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of jobs as ``fields`` alone, newest first, and how many match: a listing loads
+    no spec or plan it does not show (each up to a megabyte)."""
+    columns = [col(getattr(Job, name)) for name in fields]
+    query = _newest_first(sql_select(*columns), team_id, status).offset(offset).limit(limit)
+    rows = session.execute(query).all()
+    return [dict(row._mapping) for row in rows], _count_jobs(session, team_id, status)
+
+
+def _newest_first(query: SelectT, team_id: int | None, status: JobStatus | None) -> SelectT:
+    return _matching(query, team_id, status).order_by(
+        col(Job.created_at).desc(), col(Job.id).desc()
     )
-    return session.exec(page).all(), count
+
+
+def _matching(query: SelectT, team_id: int | None, status: JobStatus | None) -> SelectT:
+    if team_id is not None:
+        query = query.where(col(Job.team_id) == team_id)
+    if status is not None:
+        query = query.where(col(Job.status) == status)
+    return query
+
+
+def _count_jobs(session: Session, team_id: int | None, status: JobStatus | None) -> int:
+    return session.exec(_matching(select(func.count()).select_from(Job), team_id, status)).one()
 
 
 def current_attempt(session: Session, job: Job) -> Attempt | None:

@@ -81,6 +81,8 @@ class Job(SQLModel, table=True):
     status: str = Field(default=JobStatus.PENDING, index=True, sa_type=String(16))
     priority: int = 50
     cluster: str = Field(max_length=64)
+    # nodes x GPUs per node, from the spec: admission and the queue read it without the spec
+    gpus: int
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     advice_reason: str = ""

@@ -1,14 +1,19 @@
-"""A submit costs the database the same with 10 or 1,000 jobs already stored.
+"""A submit costs the database the same with 10 or 1,000 jobs already stored, and reading
+waiting jobs never loads their specs.
 
 Counted, not timed: the SQL statements one POST /v1/jobs sends and the rows they return, at the
 driver's cursor (which both the ORM and ``service.db.plain`` use), on PostgreSQL, once with 10
 jobs stored and again with 1,000. Admission per submit reads counters and indexed "is anything
-waiting here?" probes; only the workers' periodic pass scans.
+waiting here?" probes; only the workers' periodic pass scans, and it, the queue, the teams and
+job lists read the columns they show or order by, not a spec or plan of up to a megabyte
+(``bench/big_specs.py`` times them beside another team's big specs).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +70,8 @@ def store_jobs(database_url: str, user_name: str, count: int, admit: bool) -> No
         user = session.exec(select(User).where(User.name == user_name)).one()
         session.add_all(
             Job(name=spec.name, team_id=user.team_id, user_id=user.id or 0, cluster="local",
-                spec=spec.model_dump(mode="json"), plan=plan, spec_digest=spec_digest(spec))
+                gpus=spec.resources.world_size, spec=spec.model_dump(mode="json"), plan=plan,
+                spec_digest=spec_digest(spec))
             for _ in range(count)
         )  # fmt: skip
         session.flush()
@@ -166,3 +172,59 @@ def test_a_waiting_submit_costs_the_same_behind_10_or_1000_waiting_jobs(
         "waiting: other jobs of team vision wait too; the next admission pass orders them"
     )
     assert (large.statements, large.rows) == (small.statements, small.rows)
+
+
+# A statement that names a job's spec or plan column (spec_digest is a column of its own).
+SPEC_OR_PLAN = re.compile(r"\bjob\.(spec|plan)\b")
+
+
+@contextmanager
+def sql_sent(database_url: str) -> Iterator[list[str]]:
+    """The SQL text of every statement the ORM sends meanwhile (the API's engine is this one)."""
+    sent: list[str] = []
+
+    def record(_connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    engine = get_engine(database_url)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def test_admission_the_queue_teams_and_job_lists_read_no_spec_or_plan(
+    client: TestClient, pg_settings: Settings
+) -> None:
+    url = pg_settings.database_url
+    tokens = three_users(url)
+    set_quota(url, "speech", 2)
+    store_jobs(url, "bob", 1, admit=True)  # holds speech's 2 GPUs
+    store_jobs(url, "bob", 5, admit=False)  # and these wait behind it
+    reads = {
+        "/v1/teams": tokens["root"],
+        "/console/api/queue": tokens["root"],
+        "/v1/jobs?team=speech": tokens["root"],
+        "/v1/jobs": tokens["bob"],
+    }
+
+    with sql_sent(url) as sent:
+        with Session(get_engine(url)) as session:
+            launches = admit_pending(session, {LOCAL_PROFILE.name: LOCAL_PROFILE})
+            session.commit()
+        answers = {path: client.get(path, headers=auth(token)) for path, token in reads.items()}
+
+    assert launches == []
+    assert all(answer.status_code == 200 for answer in answers.values())
+    teams = {team["name"]: team for team in answers["/v1/teams"].json()}
+    assert (teams["speech"]["jobs_waiting"], teams["speech"]["gpus_held"]) == (5, 2)
+    queue = answers["/console/api/queue"].json()
+    assert [(job["position"], job["gpus"]) for job in queue] == [(n, 2) for n in range(1, 6)]
+    assert queue[0]["why"] == "team speech holds 2 of its 2-GPU quota; this job needs 2"
+    for path in ("/v1/jobs?team=speech", "/v1/jobs"):
+        listed = answers[path].json()
+        assert listed["count"] == 6 and len(listed["data"]) == 6
+        assert {job["team"] for job in listed["data"]} == {"speech"}
+    assert len(sent) >= 8, "the statements were not captured"
+    assert [statement for statement in sent if SPEC_OR_PLAN.search(statement)] == []

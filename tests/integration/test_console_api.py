@@ -31,7 +31,7 @@ def submit(client: TestClient, token: str, name: str, **changes: Any) -> dict[st
     return dict(response.json())
 
 
-def test_queue_lists_waiting_jobs_in_admission_order_each_team_seeing_its_own(
+def test_queue_lists_waiting_jobs_in_admission_order_each_member_numbering_its_team_alone(
     client: TestClient, tokens: dict[str, str]
 ) -> None:
     submit(client, tokens["alice"], "v-running")
@@ -39,16 +39,24 @@ def test_queue_lists_waiting_jobs_in_admission_order_each_team_seeing_its_own(
     submit(client, tokens["bob"], "s-running")
     waiting_speech = submit(client, tokens["bob"], "s-waits")
     urgent = submit(client, tokens["bob"], "s-urgent", priority=90)
+    later = submit(client, tokens["alice"], "v-later")
 
     every = client.get("/console/api/queue", headers=auth(tokens["root"])).json()
-    # Priority first; then, both teams holding 2 GPUs of equal shares, the oldest.
+    # Priority first; then, both teams holding 2 GPUs of equal shares, the oldest; then the
+    # team holding fewer once s-urgent and v-waits would be admitted (a tie: the oldest).
     assert [(q["position"], q["name"]) for q in every] == [
-        (1, "s-urgent"), (2, "v-waits"), (3, "s-waits"),
+        (1, "s-urgent"), (2, "v-waits"), (3, "s-waits"), (4, "v-later"),
     ]  # fmt: skip
-    assert [q["id"] for q in every] == [urgent["id"], waiting_vision["id"], waiting_speech["id"]]
+    assert [q["id"] for q in every] == [
+        urgent["id"], waiting_vision["id"], waiting_speech["id"], later["id"],
+    ]  # fmt: skip
     assert every[1]["why"] == "team vision holds 2 of its 2-GPU quota; this job needs 2"
-    own = client.get("/console/api/queue", headers=auth(tokens["alice"])).json()
-    assert [(q["position"], q["name"]) for q in own] == [(2, "v-waits")]
+    # A member sees its team's jobs numbered among themselves: nothing says how many of
+    # another team's jobs go first.
+    vision = client.get("/console/api/queue", headers=auth(tokens["alice"])).json()
+    assert [(q["position"], q["name"]) for q in vision] == [(1, "v-waits"), (2, "v-later")]
+    speech = client.get("/console/api/queue", headers=auth(tokens["bob"])).json()
+    assert [(q["position"], q["name"]) for q in speech] == [(1, "s-urgent"), (2, "s-waits")]
 
 
 def test_jobs_rows_carry_the_plan_summary_and_respect_teams(

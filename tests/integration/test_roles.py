@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.testclient import TestClient
 
 from tests.integration.helpers import auth, tiny_spec
 
 
 def make_user(
-    client: TestClient, caller: str, name: str, team: str, role: str, is_admin: bool = False
-) -> tuple[int, dict[str, str]]:
+    client: TestClient, caller: str, name: str, team: str, role: str, is_admin: Any = False
+) -> tuple[int, Any]:
     body = {"name": name, "team": team, "role": role, "is_admin": is_admin}
     response = client.post("/v1/users", json=body, headers=auth(caller))
     return response.status_code, response.json()
@@ -76,3 +78,17 @@ def test_an_unknown_role_is_refused_naming_the_field(
     status, refused = make_user(client, tokens["root"], "olga", "vision", "owner")
     assert status == 422
     assert "role" in str(refused["detail"])
+
+
+def test_is_admin_must_be_a_json_boolean_and_a_refusal_names_the_field(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    for value in (0, 1, "true", "false"):  # each was coerced before, 0 to a member, 1 to admin
+        status, refused = make_user(client, tokens["root"], "olga", "vision", "member", value)
+        assert status == 422, (value, refused)
+        (error,) = refused["detail"]
+        assert error["loc"] == ["body", "is_admin"]
+        assert error["msg"] == "Input should be a valid boolean"
+
+    status, made = make_user(client, tokens["root"], "olga", "vision", "member", False)
+    assert status == 201 and made["is_admin"] is False  # the refusals stored no user

@@ -154,3 +154,22 @@ def test_teams_show_what_they_hold_and_only_admins_change_them(
     lifted = set_quota(client, tokens, "vision", gpu_quota=None)  # no limit: admitted at once
     assert (lifted["gpu_quota"], lifted["gpu_share"], lifted["jobs_waiting"]) == (None, 3, 0)
     assert launched(redis_url)[-1] == waiting["attempts"][0]["id"]
+
+
+def test_quota_and_share_must_be_json_integers_and_a_refusal_names_the_field(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    root = auth(tokens["root"])
+    # Each was coerced before: true to a 1-GPU quota, "8" and 8.0 to 8, true to a share of 1.
+    for field, value in [
+        ("gpu_quota", True), ("gpu_quota", "8"), ("gpu_quota", 8.0),
+        ("gpu_share", True), ("gpu_share", "3"),
+    ]:  # fmt: skip
+        response = client.patch("/v1/teams/vision", json={field: value}, headers=root)
+        assert response.status_code == 422, (field, value, response.text)
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body", field]
+        assert error["msg"] == "Input should be a valid integer"
+
+    vision = next(t for t in client.get("/v1/teams", headers=root).json() if t["name"] == "vision")
+    assert (vision["gpu_quota"], vision["gpu_share"]) == (None, 1)  # nothing was changed

@@ -12,15 +12,16 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Body, HTTPException, Query, status
 from pydantic import BaseModel
+from sqlalchemy import Row
 from sqlmodel import Session, col, func, select
 
 from service.api.deps import CurrentUser, SessionDep, SettingsDep
-from service.core.admission import Limits, Waiting, admit
+from service.core.admission import Limits, admit
 from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.workload import budget_bytes
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import held, job_gpus
+from service.db.admission import as_waiting, held, waiting_jobs
 from service.db.models import Attempt, Job, Team, User
 
 router = APIRouter(prefix="/console/api", tags=["console"], include_in_schema=False)
@@ -85,24 +86,18 @@ def job_rows(
 
 @router.get("/queue", response_model=list[QueuedJob])
 def queue(user: CurrentUser, session: SessionDep) -> list[QueuedJob]:
-    """Waiting jobs in the order admission considers them (priority, fair share, age)."""
+    """Waiting jobs in the order admission considers them (priority, fair share, age): for a
+    member their team's alone, numbered among themselves; for an admin every team's."""
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
-    pending = session.exec(select(Job).where(Job.status == JobStatus.PENDING)).all()
-    waiting = [
-        Waiting(
-            job.id, names[job.team_id], job.cluster, job_gpus(job), job.priority, job.created_at
-        )
-        for job in pending
-    ]
+    pending = waiting_jobs(session, None if user.is_admin else user.team_id)
+    waiting = [as_waiting(job, names) for job in pending]
     # With no quota or cap, admission takes every job, in exactly its order of consideration.
     shares = {team.name: team.gpu_share for team in teams}
     order = admit(waiting, held(session, names), Limits(team_share=shares)).admitted
     by_id = {job.id: job for job in pending}
     return [
-        _queued(position, by_id[job_id], names)
-        for position, job_id in enumerate(order, start=1)
-        if user.is_admin or by_id[job_id].team_id == user.team_id
+        _queued(position, by_id[job_id], names) for position, job_id in enumerate(order, start=1)
     ]
 
 
@@ -176,14 +171,14 @@ def _row(job: Job, names: dict[int, str], counts: dict[str, int]) -> JobRow:
     )
 
 
-def _queued(position: int, job: Job, names: dict[int, str]) -> QueuedJob:
+def _queued(position: int, job: Row[Any], names: dict[int, str]) -> QueuedJob:
     return QueuedJob(
         position=position,
         id=job.id,
         name=job.name,
         team=names[job.team_id],
         cluster=job.cluster,
-        gpus=job_gpus(job),
+        gpus=job.gpus,
         priority=job.priority,
         submitted_at=job.created_at,
         why=job.message.removeprefix("waiting: ") or "next pass",

@@ -182,6 +182,8 @@ def _json(detail: JobDetail, status_code: int) -> Response:
     return Response(detail.model_dump_json(), status_code, media_type="application/json")
 
 
+# What a listing shows (JobPublic) and reads: the team's id, not its name; never spec or plan.
+LISTED_FIELDS = [name for name in JobPublic.model_fields if name != "team"] + ["team_id"]
 # A listing leads to its first job (OpenAPI links: clients and stateful fuzzers follow them).
 FIRST_JOB = {"job_id": "$response.body#/data/0/id"}
 LIST_LINKS = {
@@ -211,9 +213,12 @@ def list_jobs(
 ) -> JobsPublic:
     """The caller's team's jobs, newest first."""
     team_id = _team_filter(session, user, team)
-    rows, count = job_store.list_jobs(session, team_id, status_filter, limit, offset)
+    rows, count = job_store.list_job_fields(
+        session, LISTED_FIELDS, team_id, status_filter, limit, offset
+    )
     names = _team_names(session)
-    return JobsPublic(data=[_public(job, names[job.team_id]) for job in rows], count=count)
+    data = [JobPublic.model_validate({**row, "team": names[row["team_id"]]}) for row in rows]
+    return JobsPublic(data=data, count=count)
 
 
 @router.get("/{job_id}", response_model=JobDetail, responses=error_responses(404))

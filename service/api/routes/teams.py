@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
-from sqlmodel import Session, select
+from sqlmodel import Session, col, func, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from service.api.errors import body_field_error, error_responses
@@ -26,8 +26,8 @@ def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
     if not user.is_admin:
         query = query.where(Team.id == user.team_id)
     teams = session.exec(query).all()
-    usage = _usage(session)
-    return [_public(session, team, usage) for team in teams]
+    usage, waiting = _usage(session), _waiting_counts(session)
+    return [_public(team, usage, waiting) for team in teams]
 
 
 @router.patch("/{name}", response_model=TeamPublic, responses=error_responses(403, 404))
@@ -48,7 +48,7 @@ def update_team(
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
-    return _public(session, team, _usage(session))
+    return _public(team, _usage(session), _waiting_counts(session))
 
 
 def _check_roots(session: Session, settings: Settings, team: Team, roots: list[str]) -> None:
@@ -63,15 +63,22 @@ def _usage(session: Session) -> Held:
     return held(session, names)
 
 
-def _public(session: Session, team: Team, usage: Held) -> TeamPublic:
-    waiting = session.exec(
-        select(Job).where(Job.team_id == team.id, Job.status == JobStatus.PENDING)
-    ).all()
+def _waiting_counts(session: Session) -> dict[int, int]:
+    """PENDING jobs per team id, counted in the database (no job row is loaded)."""
+    query = (
+        select(Job.team_id, func.count())
+        .where(Job.status == JobStatus.PENDING)
+        .group_by(col(Job.team_id))
+    )
+    return {team_id: count for team_id, count in session.exec(query).all()}
+
+
+def _public(team: Team, usage: Held, waiting: dict[int, int]) -> TeamPublic:
     return TeamPublic(
         name=team.name,
         gpu_quota=team.gpu_quota,
         gpu_share=team.gpu_share,
         gpus_held=usage.by_team.get(team.name, 0),
-        jobs_waiting=len(waiting),
+        jobs_waiting=waiting.get(team.id or 0, 0),
         checkpoint_roots=team.checkpoint_roots,
     )
