@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,13 @@ import torch
 from torch import nn
 
 from zeropilot.resume_weights import load_weights
-from zeropilot.runtime import Reporter, ResumePoint, checkpoint_dir, resume_point
+from zeropilot.runtime import (
+    STOPPED_EXIT_CODE,
+    Reporter,
+    ResumePoint,
+    checkpoint_dir,
+    resume_point,
+)
 
 
 class Block(nn.Module):
@@ -117,6 +124,17 @@ def load_resume_point(engine: deepspeed.DeepSpeedEngine, resume: ResumePoint) ->
     return step
 
 
+def save(engine: deepspeed.DeepSpeedEngine, reporter: Reporter, save_dir: str, step: int) -> str:
+    """Save a checkpoint on every rank; rank 0 reports it once DeepSpeed has written it all."""
+    tag = f"global_step{step}"
+    began = time.perf_counter()
+    engine.save_checkpoint(save_dir, tag=tag, client_state={"step": step})
+    path = os.path.join(save_dir, tag)
+    if torch.distributed.get_rank() == 0:
+        reporter.checkpoint(step, path, seconds=time.perf_counter() - began)
+    return path
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
@@ -147,6 +165,9 @@ def parse_args() -> argparse.Namespace:
         help="the step from which the cap holds (later than 1: a checkpoint exists before it)",
     )
     parser.add_argument("--fail-at-step", type=int, default=0, help="exit 3 at this step (tests)")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="do not save on SIGTERM (tests: the grace)"
+    )
     parser.add_argument("--oom-at-step", type=int, default=0, help="raise an OOM here (tests)")
     parser.add_argument(
         "--oom-without-checkpointing-at-step",
@@ -162,6 +183,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     reporter = Reporter.from_env()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        reporter.watch_for_stop()  # a stop (cancel, preemption) saves first
     resume = resume_point()  # before the engine: a universal resume converts the checkpoint first
     deepspeed.init_distributed()
     torch.manual_seed(0)
@@ -220,12 +245,17 @@ def main() -> None:
                     tokens_per_s=tokens_per_s,
                     memory_peak_bytes=memory_peak_bytes(engine.device),
                 )
-            if step % args.checkpoint_interval == 0 or step == args.steps:
-                engine.save_checkpoint(
-                    save_dir, tag=f"global_step{step}", client_state={"step": step}
-                )
+            saved = step % args.checkpoint_interval == 0 or step == args.steps
+            if saved:
+                save(engine, reporter, save_dir, step)
+            if step < args.steps and reporter.stop_requested():  # every rank, every step
+                tag = os.path.join(save_dir, f"global_step{step}")
+                path = tag if saved else save(engine, reporter, save_dir, step)
                 if rank == 0:
-                    reporter.checkpoint(step, os.path.join(save_dir, f"global_step{step}"))
+                    reporter.stopped(step, path)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(STOPPED_EXIT_CODE)  # saved: no teardown to abort in (see the end)
     # Only after success (a rank that failed must not wait here for the others). Without it,
     # gloo's threads can outlive the interpreter and abort a finished rank ("terminate called
     # without an active exception", exit -6), as one CI run saw under load.

@@ -56,6 +56,11 @@ ATTEMPTS_LAUNCHED = Counter(
 ATTEMPTS_FAILED = Counter(
     "zeropilot_attempts_failed_total", "Attempts that failed.", ["cluster", "failure_class"]
 )
+ATTEMPTS_PREEMPTED = Counter(
+    "zeropilot_attempts_preempted_total",
+    "Attempts stopped from outside after saving; the job went on from that checkpoint.",
+    ["cluster"],
+)
 ESCALATIONS = Counter(
     "zeropilot_escalations_total",
     "Jobs sent one rung up the memory ladder after a failure.",
@@ -217,6 +222,8 @@ def _count(seen: _Seen) -> None:
     if seen.subject == "attempt":
         if seen.to_status == AttemptStatus.FAILED:
             ATTEMPTS_FAILED.labels(seen.cluster, seen.failure_class or "UNKNOWN").inc()
+        elif seen.to_status == AttemptStatus.PREEMPTED:
+            ATTEMPTS_PREEMPTED.labels(seen.cluster).inc()
         return
     status = seen.to_status
     JOB_STATUS_CHANGES.labels(seen.cluster, status).inc()

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
+from service.core.stopping import DEFAULT_GRACE_S, MAX_GRACE_S
 
 
 def _default_data_dir() -> Path:
@@ -43,7 +44,9 @@ class WorkerSettings(BaseModel):
     reconcile_interval_s: float = Field(default=3.0, gt=0)
     # A job left QUEUED/LAUNCHING this long without progress gets its launch task sent again.
     launch_lease_s: float = Field(default=30.0, gt=0)
-    cancel_grace_s: float = Field(default=10.0, ge=0)
+    # A stopped job's grace before SIGKILL when it has neither checkpoint.grace_s nor a measured
+    # save (service.core.stopping sizes it from those).
+    stop_grace_s: float = Field(default=DEFAULT_GRACE_S, ge=1, le=MAX_GRACE_S)
     # A launch that keeps failing (cluster unreachable, disk error) ends the attempt as
     # LAUNCH_ERROR after this many tries; the waits between them double from the first delay
     # and never exceed the lease (after which the sweep would send the launch again anyway).

@@ -20,10 +20,15 @@ from workers.backends.base import BackendState, BackendStatus
 
 MAX_DISRUPTION_RETRIES = 3  # per job: a cluster that keeps taking nodes away ends it
 DISRUPTION_RUNG = "retry after a disruption"  # how these attempts are told apart
+# A stop from outside zeropilot (a drain, the cluster's own preemption) that the training
+# answered by saving: it goes on from that checkpoint. Its own budget, larger: nothing is lost.
+MAX_STOP_RESUMES = 20
+STOP_RUNG = "resume after a stop"
+_DISRUPTION = (DISRUPTION_RUNG, MAX_DISRUPTION_RETRIES)
 
 
-def disruption_retries(session: Session, job: Job) -> int:
-    return sum(1 for a in attempts_of(session, job.id) if a.rung.startswith(DISRUPTION_RUNG))
+def disruption_retries(session: Session, job: Job, rung: str = DISRUPTION_RUNG) -> int:
+    return sum(1 for a in attempts_of(session, job.id) if a.rung.startswith(rung))
 
 
 def retry_after_disruption(
@@ -36,9 +41,14 @@ def retry_after_disruption(
 ) -> str | None:
     """Queue the same plan again after a disruption; the new attempt's id, or None."""
     # LOST: the backend no longer knows the run (deleted behind its back): not a disruption.
-    if failure != FailureClass.NODE_LOST or status.state != BackendState.FAILED:
+    lost_node = failure == FailureClass.NODE_LOST and status.state == BackendState.FAILED
+    stopped = failure == FailureClass.PREEMPTED and status.state != BackendState.LOST
+    if not (lost_node or stopped):
         return None
-    if disruption_retries(session, job) >= MAX_DISRUPTION_RETRIES:
+    rung, budget = (
+        (STOP_RUNG, MAX_STOP_RESUMES) if stopped else (DISRUPTION_RUNG, MAX_DISRUPTION_RETRIES)
+    )
+    if disruption_retries(session, job, rung) >= budget:
         return None
     spec = JobSpec.model_validate(job.spec)
     active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
@@ -51,7 +61,7 @@ def retry_after_disruption(
         job,
         number=number,
         plan=attempt.plan,
-        rung=f"{DISRUPTION_RUNG} ({status.native_state or failure})",
+        rung=f"{rung} ({status.native_state or failure})",
         backend=attempt.backend,
         resumed_from=checkpoint.path if checkpoint else None,
         resume_method="native" if checkpoint else None,
@@ -61,7 +71,9 @@ def retry_after_disruption(
         job,
         JobStatus.ESCALATING,
         JobStatus.QUEUED,
-        f"attempt {number} queued: the same plan again after {failure} (not counted)",
+        f"attempt {number} queued: the same plan again after {failure}"
+        + (f", from the step-{checkpoint.step} checkpoint" if checkpoint else "")
+        + " (not counted)",
         current_attempt=number,
     )
     return new.id

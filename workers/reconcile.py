@@ -17,7 +17,9 @@ from sqlmodel import Session, col, select
 from service.core.failures import Diagnosis, FailureClass, diagnose_failure
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
+from service.core.stopping import Grace, stop_grace
 from service.db.admission import admit_pending, any_waiting
+from service.db.jobs import save_durations
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
@@ -97,12 +99,13 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
                     attempt,
                     _ACTIVE_ATTEMPT,
                     AttemptStatus.CANCELLED,
-                    "job cancelled",
+                    _cancelled_reason(attempt),
                     exit_code=status.exit_code,
                     native_state=status.native_state,
                 )
             else:
-                backend.cancel(profile, attempt.backend_ref)
+                grace = _stop_grace(session, settings, job)
+                backend.cancel(profile, attempt.backend_ref, grace.seconds)
             return
         next_launch = _apply(session, settings, job, attempt, status)
     if next_launch:
@@ -121,8 +124,25 @@ def cancel_attempt(settings: Settings, attempt_id: str) -> None:
             move_attempt(session, attempt, current, AttemptStatus.CANCELLED, "job cancelled")
             return
         profile = settings.cluster_profiles()[job.cluster]
-        get_backend(profile.kind).cancel(profile, attempt.backend_ref)
+        grace = _stop_grace(session, settings, job)
+        attempt.failure_evidence = {**attempt.failure_evidence, "stop_grace": grace.why}
+        session.add(attempt)
+        get_backend(profile.kind).cancel(profile, attempt.backend_ref, grace.seconds)
     # The next reconcile sees the processes gone and records the attempt as cancelled.
+
+
+def _stop_grace(session: Session, settings: Settings, job: Job) -> Grace:
+    configured = JobSpec.model_validate(job.spec).checkpoint.grace_s
+    return stop_grace(configured, save_durations(session, job.id), settings.workers.stop_grace_s)
+
+
+def _cancelled_reason(attempt: Attempt) -> str:
+    """ "job cancelled", and what the training did with its grace."""
+    grace = attempt.failure_evidence.get("stop_grace")
+    within = f" within its grace ({grace})" if grace else ""
+    if attempt.runtime_failure_tag == FailureClass.PREEMPTED:  # it saved, then stopped
+        return f"job cancelled: {attempt.failure_message}{within}"
+    return "job cancelled"
 
 
 def _finished_before_cancel(
@@ -200,11 +220,12 @@ def _mark_failed(
     diagnosis = diagnose(attempt, status)
     failure = diagnosis.failure_class
     summary = _failure_summary(diagnosis, status)
+    ended = AttemptStatus.PREEMPTED if failure == FailureClass.PREEMPTED else AttemptStatus.FAILED
     moved = move_attempt(
         session,
         attempt,
         _ACTIVE_ATTEMPT,
-        AttemptStatus.FAILED,
+        ended,
         summary,
         exit_code=status.exit_code,
         native_state=status.native_state,

@@ -13,6 +13,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from typing import Any
 
 # A marker line the failure classifier also finds in the log tail when the API is unreachable.
 FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
+# EX_TEMPFAIL of sysexits.h: saved and stopped on request, to be run again; not a failure.
+STOPPED_EXIT_CODE = 75
 
 _OOM_GPU_PATTERNS = ("cuda out of memory", "outofmemoryerror", "hip out of memory", "out of memory")
 _OOM_HOST_PATTERNS = ("defaultcpuallocator: can't allocate", "std::bad_alloc")
@@ -41,6 +44,7 @@ class Reporter:
     timeout_s: float = 5.0
     _warned: bool = field(default=False, repr=False)
     _expired: bool = field(default=False, repr=False)  # the API said the attempt has ended
+    _stop_signal: bool = field(default=False, repr=False)  # SIGTERM arrived: save, then exit
 
     @classmethod
     def from_env(cls) -> Reporter:
@@ -80,9 +84,13 @@ class Reporter:
             },
         )
 
-    def checkpoint(self, step: int, path: str, tag: str | None = None) -> None:
-        """Report a checkpoint that has been completely written (call it after save returns)."""
-        self._post("checkpoints", {"step": step, "path": os.path.abspath(path), "tag": tag})
+    def checkpoint(
+        self, step: int, path: str, tag: str | None = None, seconds: float | None = None
+    ) -> None:
+        """Report a checkpoint that has been completely written (call it after save returns),
+        with how long the save took: zeropilot sizes the grace of a stop from it."""
+        body = {"step": step, "path": os.path.abspath(path), "tag": tag, "seconds": seconds}
+        self._post("checkpoints", body)
 
     def failure(
         self, failure_class: str, message: str, evidence: dict[str, int] | None = None
@@ -99,6 +107,28 @@ class Reporter:
         free, total = numbers.pop("device_free_bytes"), numbers.pop("device_total_bytes")
         report = {"device_free_bytes": free, "device_total_bytes": total, "numbers": numbers}
         self._post("device", {"rank": _rank(), **report})
+
+    def watch_for_stop(self) -> None:
+        """Turn SIGTERM into a request to save and stop at the end of the current step (call
+        it once, from the main thread, before training). zeropilot stops every attempt this
+        way (a cancel, a preemption, a drain) and sends SIGKILL only after the grace period."""
+
+        def on_term(_signum: int, _frame: Any) -> None:
+            if not self._stop_signal:
+                print("zeropilot: SIGTERM: saving at the end of this step", file=sys.stderr)
+            self._stop_signal = True
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    def stop_requested(self) -> bool:
+        """Whether to save and stop now. Call it at the same point of every step on every rank:
+        the ranks agree (any rank signalled stops all), so that all of them save the same step."""
+        return _any_rank(self._stop_signal)
+
+    def stopped(self, step: int, path: str) -> None:
+        """Report that training saved ``path`` at ``step`` and stops on request (rank 0, after
+        the checkpoint report); then leave with ``STOPPED_EXIT_CODE`` on every rank."""
+        self.failure("PREEMPTED", f"stopped on request at step {step} after saving {path}")
 
     @contextmanager
     def oom_guard(self) -> Iterator[None]:
@@ -148,6 +178,22 @@ class Reporter:
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def _any_rank(flag: bool) -> bool:
+    """``flag`` of any rank, through one all-reduce when torch.distributed runs (a SIGTERM may
+    reach the ranks between two steps); this rank's own outside a world."""
+    torch = sys.modules.get("torch")  # only what the training process has imported already
+    dist = getattr(torch, "distributed", None)
+    if torch is None or dist is None or not dist.is_available() or not dist.is_initialized():
+        return flag
+    if dist.get_world_size() == 1:
+        return flag
+    backend = dist.get_backend()
+    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+    votes = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    return bool(votes.item())
 
 
 def host_memory() -> dict[str, int]:

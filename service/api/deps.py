@@ -140,8 +140,10 @@ def get_reporting_attempt(
 
 def _token_expired(attempt: Attempt, job: Job | None) -> str | None:
     """Why a valid token no longer holds: it lives as long as its attempt (a leftover process
-    of an ended or cancelled attempt cannot write metrics or checkpoints into the job)."""
-    if job is None or job.status == JobStatus.CANCELLED:
+    of an ended or cancelled attempt cannot write metrics or checkpoints into the job). A
+    cancelled job's running attempt is stopping: it may still report the save it makes."""
+    stopping = attempt.status in (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+    if job is None or (job.status == JobStatus.CANCELLED and not stopping):
         return f"job {attempt.job_id} was cancelled"
     if AttemptStatus(attempt.status).terminal:
         return f"attempt {attempt.number} of job {job.id} ended {attempt.status}"

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from service.core.limits import INT32_MAX, INT64_MAX, Text
 from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
+from service.core.stopping import MAX_SAVE_SECONDS
 
 Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
@@ -87,6 +88,7 @@ class CheckpointPublic(Public):
     step: int
     path: str
     tag: str | None
+    save_seconds: float | None  # how long the training code took to write it
     created_at: datetime
 
 
@@ -126,6 +128,8 @@ class CheckpointReport(Report):
     step: int = Field(ge=0, le=INT32_MAX)
     path: Annotated[Text, Field(min_length=1)]
     tag: Annotated[Text, Field(max_length=255)] | None = None
+    # How long the save took: a stop's grace period is sized from it.
+    seconds: float | None = Field(default=None, ge=0, le=MAX_SAVE_SECONDS, allow_inf_nan=False)
 
 
 class FailureReport(Report):

@@ -35,6 +35,7 @@ class FailureClass(StrEnum):
     KILLED = "KILLED"  # SIGKILL without evidence of memory: a node agent, a person, a watchdog
     TIMEOUT = "TIMEOUT"  # the job's own time limit or deadline
     CANCELLED = "CANCELLED"  # someone cancelled it
+    PREEMPTED = "PREEMPTED"  # stopped on request and saved first: not a failure, costs no attempt
 
     @property
     def out_of_memory(self) -> bool:

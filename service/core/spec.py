@@ -34,6 +34,7 @@ from service.core.limits import (
     Text,
     plain_document,
 )
+from service.core.stopping import MAX_GRACE_S
 
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -192,6 +193,9 @@ class CheckpointSpec(Strict):
     dir: Text | None = None  # default: the job's folder on the cluster's shared storage
     interval_steps: PositiveInt = 100
     resume: bool = True
+    # Seconds between SIGTERM (save now) and SIGKILL when the job is stopped; default: sized
+    # from its measured saves (service.core.stopping).
+    grace_s: Annotated[int, Field(ge=1, le=MAX_GRACE_S)] | None = None
 
 
 class EscalationSpec(Strict):

@@ -59,11 +59,21 @@ class AttemptStatus(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"  # stopped from outside after saving; the job goes on from there
 
     @property
     def terminal(self) -> bool:
-        return self in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CANCELLED)
+        return self in _TERMINAL_ATTEMPT_STATES
 
+
+_TERMINAL_ATTEMPT_STATES = frozenset(
+    {
+        AttemptStatus.SUCCEEDED,
+        AttemptStatus.FAILED,
+        AttemptStatus.CANCELLED,
+        AttemptStatus.PREEMPTED,
+    }
+)
 
 _ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
     AttemptStatus.QUEUED: frozenset(
@@ -75,14 +85,21 @@ _ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
             AttemptStatus.SUCCEEDED,
             AttemptStatus.FAILED,
             AttemptStatus.CANCELLED,
+            AttemptStatus.PREEMPTED,
         }
     ),
     AttemptStatus.RUNNING: frozenset(
-        {AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CANCELLED}
+        {
+            AttemptStatus.SUCCEEDED,
+            AttemptStatus.FAILED,
+            AttemptStatus.CANCELLED,
+            AttemptStatus.PREEMPTED,
+        }
     ),
     AttemptStatus.SUCCEEDED: frozenset(),
     AttemptStatus.FAILED: frozenset(),
     AttemptStatus.CANCELLED: frozenset(),
+    AttemptStatus.PREEMPTED: frozenset(),
 }
 
 

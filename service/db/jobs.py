@@ -332,7 +332,12 @@ def count_checkpoints(session: Session, attempt: Attempt) -> int:
 
 
 def record_checkpoint(
-    session: Session, attempt: Attempt, step: int, path: str, tag: str | None
+    session: Session,
+    attempt: Attempt,
+    step: int,
+    path: str,
+    tag: str | None,
+    save_seconds: float | None = None,
 ) -> Checkpoint:
     """Store a saved checkpoint; the same step and path reported again is one row."""
     query = select(Checkpoint).where(
@@ -344,7 +349,15 @@ def record_checkpoint(
     checkpoint = session.exec(query).first() or Checkpoint(
         job_id=attempt.job_id, attempt_id=attempt.id, step=step, path=path
     )
-    checkpoint.tag = tag
+    checkpoint.tag, checkpoint.save_seconds = tag, save_seconds
     session.add(checkpoint)
     session.flush()
     return checkpoint
+
+
+def save_durations(session: Session, job_id: str) -> list[float]:
+    """How long each of the job's checkpoints took to save, where its training code said."""
+    query = select(Checkpoint.save_seconds).where(
+        Checkpoint.job_id == job_id, col(Checkpoint.save_seconds).is_not(None)
+    )
+    return [float(s) for s in session.exec(query).all() if s is not None]

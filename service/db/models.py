@@ -164,4 +164,5 @@ class Checkpoint(SQLModel, table=True):
     step: int
     path: str
     tag: str | None = None
+    save_seconds: float | None = None  # reported by the training code
     created_at: datetime = Field(default_factory=utcnow)

@@ -49,6 +49,8 @@ ATTEMPT_ALLOWED = {
     (A.RUNNING, A.SUCCEEDED),
     (A.RUNNING, A.FAILED),
     (A.RUNNING, A.CANCELLED),
+    (A.LAUNCHING, A.PREEMPTED),  # stopped from outside after saving
+    (A.RUNNING, A.PREEMPTED),
 }
 
 
@@ -77,3 +79,9 @@ def test_terminal_states_have_no_way_out() -> None:
         assert status.terminal
         assert not any(job_transition_allowed(status, new) for new in JobStatus)
     assert J.active() == {J.PENDING, J.QUEUED, J.LAUNCHING, J.RUNNING, J.ESCALATING}
+
+
+def test_ended_attempts_have_no_way_out() -> None:
+    for status in (A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED):
+        assert status.terminal
+        assert not any(attempt_transition_allowed(status, new) for new in AttemptStatus)

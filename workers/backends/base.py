@@ -94,6 +94,7 @@ class Backend(Protocol):
         """A log file on storage the API can read (the attempt folder), if the backend has one."""
         ...
 
-    def cancel(self, profile: ClusterProfile, ref: str) -> None:
-        """Stop every process of the attempt; a no-op when it has already ended."""
+    def cancel(self, profile: ClusterProfile, ref: str, grace_s: float = ...) -> None:
+        """Stop every process of the attempt: SIGTERM (the training saves), SIGKILL after
+        ``grace_s``; a no-op when it has already ended."""
         ...

@@ -33,6 +33,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from service.core.clusters import ClusterProfile
+from service.core.stopping import DEFAULT_GRACE_S
 from workers.backends.base import (
     BackendState,
     BackendStatus,
@@ -245,7 +246,9 @@ def log_path(ref: str) -> str | None:
     return None  # the logs live with the pods; ``logs`` reads them through the API
 
 
-def cancel(profile: ClusterProfile, ref: str) -> None:
+def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
+    """Delete the attempt's objects; the pods get their terminationGracePeriodSeconds
+    (``grace_s`` is not applied here yet)."""
     namespace, name = decode_ref(ref)
     batch, core = _apis(profile)
     _delete_attempt(batch, core, namespace, name)

@@ -22,6 +22,7 @@ from typing import Any
 from service.contained_files import NotContained
 from service.core.clusters import ClusterProfile
 from service.core.failures import SIGKILL_EXIT_CODES
+from service.core.stopping import DEFAULT_GRACE_S
 from service.logtail import tail_lines as read_tail
 from workers.backends.base import (
     BackendState,
@@ -104,9 +105,10 @@ def _tail(attempt_dir: Path, tail_lines: int) -> str:
     return "\n".join(parts)
 
 
-def cancel(profile: ClusterProfile, ref: str) -> None:
+def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
     attempt_dir = Path(ref)
-    (attempt_dir / "cancel").touch()  # a supervisor that has not started yet will not start
+    # A supervisor that has not started will not start; a running one reads the grace here.
+    (attempt_dir / "cancel").write_text(json.dumps({"grace_s": grace_s}))
     if (attempt_dir / "result.json").exists():
         return
     if _supervisor_alive(attempt_dir):

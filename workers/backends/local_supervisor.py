@@ -6,7 +6,9 @@ training. It holds an exclusive lock on ``supervisor.lock`` for its whole life: 
 ``started`` marker makes a launch happen at most once, even after a crash.
 
 Files in the attempt folder: ``launch.json`` (input), ``supervisor.pid``, ``started``,
-``node-R.log``, ``result.json`` (exit codes, written last and atomically), ``cancel`` (request).
+``node-R.log``, ``result.json`` (exit codes, written last and atomically), ``cancel`` (request,
+with the grace the worker chose). A stop sends SIGTERM to the training processes, which save and
+exit; whatever is left after the grace gets SIGKILL.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from service.core.stopping import DEFAULT_GRACE_S
 from workers.backends.oom_kills import oom_kill_count, oom_kill_evidence
 from workers.backends.shm import remove_deepspeed_buffers, remove_orphaned_buffers
 
 POLL_S = 0.5
+FAILURE_GRACE_S = 10.0  # after one node failed, the others have nothing left to save
 LOCK_WAIT_S = 2.0
 
 
@@ -42,7 +46,7 @@ def main(attempt_dir: Path) -> int:
     kills_before = oom_kill_count()  # a SIGKILLed rank plus a rising count: the OOM killer
     nodes = [_start_node(attempt_dir, launch, node) for node in launch["nodes"]]
     (attempt_dir / "nodes.json").write_text(json.dumps([p.pid for _r, p, _l in nodes]))
-    codes, first_failure = _wait(nodes, cancelled, float(launch.get("cancel_grace_s", 10)))
+    codes, first_failure = _wait(nodes, cancelled, attempt_dir)
     _clear_groups([process.pid for _rank, process, _log in nodes])
     if master := launch.get("master"):  # every rank has ended: its shared memory can go
         remove_deepspeed_buffers(master["addr"], master["port"])
@@ -95,32 +99,74 @@ def _start_node(
 def _wait(
     nodes: list[tuple[int, subprocess.Popen[bytes], TextIO]],
     cancelled: dict[str, bool],
-    grace_s: float,
+    attempt_dir: Path,
 ) -> tuple[dict[int, int], int | None]:
     """Wait for every node; return exit codes and the rank that failed first, if any."""
     codes: dict[int, int] = {}
     first_failure: int | None = None
     stopping_since: float | None = None
+    grace_s = FAILURE_GRACE_S
     while len(codes) < len(nodes):
         for rank, process, _log in nodes:
             if rank not in codes and (code := process.poll()) is not None:
                 codes[rank] = 128 - code if code < 0 else code  # signal N -> 128+N, like a shell
                 if codes[rank] != 0 and first_failure is None and stopping_since is None:
                     first_failure = rank
-        if (
-            (cancelled["flag"] or first_failure is not None)
-            and stopping_since is None
-            and len(codes) < len(nodes)
-        ):
-            # One node failing leaves the others blocked in collectives: stop them too.
-            stopping_since = time.monotonic()
-            _signal_all(nodes, codes, signal.SIGTERM)
+        if stopping_since is None and len(codes) < len(nodes):
+            if cancelled["flag"]:  # a stop: the training saves, then exits, within the grace
+                stopping_since, grace_s = time.monotonic(), requested_grace(attempt_dir)
+                _signal_training(nodes, codes)
+            elif first_failure is not None:
+                # One node failing leaves the others blocked in collectives: stop them too.
+                stopping_since = time.monotonic()
+                _signal_all(nodes, codes, signal.SIGTERM)
         if stopping_since is not None and time.monotonic() - stopping_since > grace_s:
             _signal_all(nodes, codes, signal.SIGKILL)
         time.sleep(POLL_S)
     for _rank, _process, log in nodes:
         log.close()
     return codes, first_failure
+
+
+def requested_grace(attempt_dir: Path) -> float:
+    """The grace the worker wrote into the stop request (``cancel``), else the default."""
+    try:
+        return float(json.loads((attempt_dir / "cancel").read_text())["grace_s"])
+    except (OSError, ValueError, KeyError, TypeError):  # an old or empty request
+        return DEFAULT_GRACE_S
+
+
+def _signal_training(
+    nodes: list[tuple[int, subprocess.Popen[bytes], TextIO]], done: dict[int, int]
+) -> None:
+    """SIGTERM to the training processes, not their launchers: DeepSpeed's launcher, signalled
+    itself, kills its ranks 30 s later whatever the grace."""
+    for rank, process, _log in nodes:
+        if rank in done:
+            continue
+        targets = training_processes(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            if not targets:  # the ranks have not started yet: the launcher stops
+                os.killpg(process.pid, signal.SIGTERM)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def training_processes(leader: int) -> list[int]:
+    """The processes of a node's group below its launcher (the leader and its children)."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:  # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if int(fields[2]) == leader:
+            parents[int(entry.name)] = int(fields[1])
+    launchers = {leader} | {pid for pid, parent in parents.items() if parent == leader}
+    return sorted(pid for pid in parents if pid not in launchers)
 
 
 def _signal_all(

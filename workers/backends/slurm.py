@@ -18,6 +18,7 @@ from pathlib import Path
 
 from service.contained_files import NotContained
 from service.core.clusters import ClusterProfile
+from service.core.stopping import DEFAULT_GRACE_S
 from service.logtail import tail_lines as read_tail
 from workers.backends.base import (
     BackendState,
@@ -123,7 +124,9 @@ def log_path(ref: str) -> str:
     return str(log_file(attempt_dir, job_id))
 
 
-def cancel(profile: ClusterProfile, ref: str) -> None:
+def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
+    """``scancel``: Slurm sends the steps SIGTERM, then SIGKILL after the cluster's KillWait
+    (``grace_s`` is not applied here yet: KillWait is the cluster's, docs/slurm.md)."""
     job_id, attempt_dir = decode_ref(ref)
     (attempt_dir / CANCEL_MARKER).touch()  # tells a later poll why, once Slurm has forgotten
     try:

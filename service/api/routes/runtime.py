@@ -48,7 +48,9 @@ def report_checkpoint(
             detail=f"attempt {attempt.number} already reported {MAX_CHECKPOINTS_PER_ATTEMPT}"
             " checkpoints, the most one attempt may record",
         )
-    job_store.record_checkpoint(session, attempt, report.step, report.path, report.tag)
+    job_store.record_checkpoint(
+        session, attempt, report.step, report.path, report.tag, report.seconds
+    )
     session.commit()
 
 

@@ -1,4 +1,5 @@
-"""checkpoint roots per team: where its jobs may name their own checkpoint.dir
+"""checkpoint roots per team (where its jobs may name their own checkpoint.dir); how long
+each checkpoint took to save (a stop's grace is sized from it)
 
 Revision ID: 0007
 Revises: 0006
@@ -24,7 +25,12 @@ def upgrade() -> None:
             sa.Column("checkpoint_roots", sa.JSON(), nullable=False, server_default="[]")
         )
 
+    with op.batch_alter_table("checkpoint", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("save_seconds", sa.Float(), nullable=True))
+
 
 def downgrade() -> None:
+    with op.batch_alter_table("checkpoint", schema=None) as batch_op:
+        batch_op.drop_column("save_seconds")
     with op.batch_alter_table("team", schema=None) as batch_op:
         batch_op.drop_column("checkpoint_roots")
