@@ -35,10 +35,14 @@ from service.core.advisor.candidates import (
     layout_of,
 )
 from service.core.advisor.choice import Replanning, choose_replanned, plan_identity
-from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
 from service.core.advisor.models import Candidate, format_bytes
-from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
+from service.core.advisor.workload import (
+    budget_bytes,
+    build_workload,
+    host_budget_bytes,
+    usable_device_bytes,
+)
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 
@@ -126,9 +130,7 @@ def replan(
     work = build_workload(spec, profile)
     replan_spec = _replan_spec(spec)
     on_host = evidence.failure_class == "OOM_HOST" and not work.on_cpu
-    budgets = Budgets(
-        budget_bytes(profile, DEFAULT_HEADROOM), host_budget_bytes(profile, DEFAULT_HEADROOM)
-    )
+    budgets = Budgets(budget_bytes(profile), host_budget_bytes(profile))
     replanning = _replanning(failed, evidence, tried, budgets, on_host)
     candidates = [
         evaluate_layout(replan_spec, work, layout, budgets)
@@ -145,14 +147,16 @@ def _crowded_out(failed: Candidate, evidence: Evidence) -> Decision | None:
     if evidence.failure_class != "OOM_GPU" or not evidence.other_processes_bytes:
         return None
     capacity = evidence.capacity_bytes
-    need = evidence.observed_need or failed.per_gpu_bytes.total
-    if capacity is None or need > capacity * (1.0 - DEFAULT_HEADROOM):
+    # held + tried is only a lower bound of the plan's need: the prediction may know more
+    need = max(evidence.observed_need or 0, failed.per_gpu_bytes.total)
+    if capacity is None or need > usable_device_bytes(capacity):
         return None  # the plan would not fit even a free GPU with the usual headroom
     return Decision(
         "retry",
         f"other processes held {format_bytes(evidence.other_processes_bytes)} of the GPU's "
-        f"{format_bytes(capacity)}; this plan needs {format_bytes(need)}, which fits a free "
-        "GPU with the usual headroom: the plan is kept and the attempt retried",
+        f"{format_bytes(capacity)}; this plan needs {format_bytes(need)} (the larger of what "
+        "it held and tried and its prediction), which fits a free GPU with the usual "
+        "headroom: the plan is kept and the attempt retried",
         failed,
     )
 
@@ -170,7 +174,7 @@ def _replanning(
     correction = max(1.0, observed / predicted) if observed and predicted > 0 else 1.0
     budget = budgets.host_per_node if on_host else budgets.per_gpu
     if evidence.capacity_bytes and not on_host:  # the device the job really got
-        budget = min(budget, int(evidence.capacity_bytes * (1.0 - DEFAULT_HEADROOM)))
+        budget = min(budget, usable_device_bytes(evidence.capacity_bytes))
     must_save = evidence.missing_bytes
     if must_save is None:
         must_save = int(MIN_SAVING_FRACTION * predicted * correction)

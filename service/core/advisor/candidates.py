@@ -18,6 +18,7 @@ from service.core.advisor.layout import Knobs, Layout, Workload, model_sized_kno
 from service.core.advisor.memory import predict_memory
 from service.core.advisor.models import Candidate
 from service.core.advisor.render import knobs_from_overrides, render_ds_config
+from service.core.advisor.step_time import predict_step_time
 from service.core.spec import JobSpec, Offload
 
 MAX_MICRO_OPTIONS = 12
@@ -120,6 +121,7 @@ def evaluate_layout(
         and prediction.cpu_bytes_per_node <= budgets.host_per_node
     )
     config: dict[str, Any] = render_ds_config(work, layout, spec.training, spec.zero.overrides)
+    step = predict_step_time(work, layout, calibration)
     return Candidate.model_construct(  # every field is computed here; skip re-validation
         zero_stage=layout.stage,
         offload_optimizer="cpu" if layout.offload_optimizer else "none",
@@ -130,9 +132,11 @@ def evaluate_layout(
         per_gpu_bytes=prediction.per_gpu,
         cpu_bytes_per_node=prediction.cpu_bytes_per_node,
         fits=fits,
-        relative_cost=relative_cost(work, layout, calibration),
+        relative_cost=relative_cost(work, layout, calibration, step),
         ds_config=config,
         peak_phase=prediction.phase,
+        step_seconds=round(step.seconds, 6),
+        tokens_per_second=round(step.tokens_per_second, 1),
     )
 
 

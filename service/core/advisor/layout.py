@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from service.core.advisor.hardware import DEFAULT_HARDWARE, Hardware
 from service.core.advisor.shape import ModelShape
 
 ARTICLE_BUCKET = 500_000_000  # the ZeRO article's starting point, also DeepSpeed's default
@@ -62,6 +63,7 @@ class Workload:
     nodes: int
     gpus_per_node: int
     on_cpu: bool  # ranks are CPU processes: "device" and host memory are the same RAM
+    hardware: Hardware = DEFAULT_HARDWARE  # the step-time model's device and links
 
     @cached_property
     def world_size(self) -> int:
