@@ -68,6 +68,10 @@ def test_post_advice_returns_plan_candidates_and_warnings(api: TestClient) -> No
     assert {"plan", "candidates", "warnings"} <= set(body)
     assert body["plan"]["fits"] and body["plan"]["ds_config"]["train_batch_size"] == 8
     assert len(body["candidates"]) > 1
+    # every candidate carries the step-time model's prediction; the plan is the fastest that fits
+    assert all(c["step_seconds"] > 0 and c["tokens_per_second"] > 0 for c in body["candidates"])
+    fitting = [c["tokens_per_second"] for c in body["candidates"] if c["fits"]]
+    assert body["plan"]["tokens_per_second"] >= max(fitting) / 1.02
 
 
 def test_post_advice_accepts_only_the_model_training_resources_parts(api: TestClient) -> None:
@@ -146,6 +150,7 @@ def test_cli_advise_prints_a_table_with_the_plan_marked(cli: typer.Typer, tmp_pa
     assert result.exit_code == 0, result.output
     assert "plan: ZeRO-0 mb=4x1" in result.output
     assert "\u2192" in result.output and "fastest plan that fits" in result.output
+    assert "tok/s" in result.output and "tokens/s predicted" in result.output
 
 
 def test_cli_advise_json_and_chart(cli: typer.Typer, tmp_path: Path) -> None:
