@@ -78,8 +78,8 @@ class Overhead:
 @dataclass(frozen=True)
 class Speeds:
     """The step-time model's constants (step_time.py); the hardware's own figures are in
-    hardware.py. ``H200-fitted``: solved from the two runs that had the H200 alone
-    (bench/advisor_fit_time.py); ``code``: counted in the DeepSpeed 0.19.8 / torch source."""
+    hardware.py. ``H200-fitted``: solved from one run each (bench/advisor_fit_time.py);
+    ``code``: counted in the DeepSpeed 0.19.8 / torch source."""
 
     mfu_max: float = 0.6  # literature: dense bf16 training of Llama-class models, ~55-60% MFU
     half_efficiency_tokens: float = 1024.0  # literature: tokens per micro-step at half of that
@@ -105,7 +105,7 @@ class Speeds:
     wrapper_bytes: float = 36.0
     # torch.optim.AdamW stepping on the host (torch_adam with offload): H200-fitted on
     # llama-1.1b ZeRO-2+offload(opt)+ckpt mb=4 s=2048 (3.06 s a step, one neighbour)
-    host_torch_adam_params_per_s: float = 4.2e8
+    host_torch_adam_params_per_s: float = 4.0e8  # 3.96e8 solved
     host_cpu_adam_params_per_s: float = 1.0e9  # literature: DeepSpeedCPUAdam, multi-core host
 
 
@@ -123,10 +123,10 @@ CALIBRATION = Calibration()
 # What the budget keeps free. Host memory and CPU ranks: a fixed 10% (the CPU grid's worst
 # error is +15.5%, the model errs on the safe side there). A GPU: the memory model's measured
 # error on the 44 H200 runs (bench/advisor_headroom.py): it never predicts more than 0.88 GiB
-# (llama-134m ZeRO-3 mb=1 s=1024, allocator segments) nor more than 0.34% (runs above 16 GiB)
+# (llama-134m ZeRO-3 mb=1 s=1024, allocator segments) nor more than 0.32% (runs above 16 GiB)
 # below what the run really reserved, so a GPU keeps 1 GiB plus 1% free, or 10% where that is
 # less. ``None`` as a headroom means this rule; a number is a fixed share.
 FIXED_HEADROOM = 0.10
 GPU_ERROR_BYTES = GIB  # 0.88 GiB measured, rounded up
-GPU_ERROR_SHARE = 0.01  # 0.34% measured, x3 for shapes not measured
+GPU_ERROR_SHARE = 0.01  # 0.32% measured, x3 for shapes not measured
 DEFAULT_HEADROOM: float | None = None
