@@ -121,3 +121,16 @@ def failures(results: dict[str, Summary]) -> list[str]:
                 f"{s.unsafe} unsafe (target {unsafe})"
             )
     return missed
+
+
+def initialize_errors(path: Path = H200_RUNS) -> list[tuple[GpuRun, float]]:
+    """Predicted tensor bytes at the peak of deepspeed.initialize against the run's
+    ``init_peak`` (allocated; the prediction less the CUDA context), percent."""
+    rows = []
+    for run in load_gpu_runs(path):
+        if "init_peak" not in run.record:
+            continue
+        predicted = run.predict().initialize_bytes - CALIBRATION.overhead.gpu_context_bytes
+        measured = int(run.record["init_peak"])
+        rows.append((run, 100.0 * (predicted - measured) / measured))
+    return rows

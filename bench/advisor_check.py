@@ -11,12 +11,21 @@ Usage: python bench/advisor_check.py [--rows]
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from accuracy import BUDGETS_GIB, GIB, failures, h200_rows, summaries, unsafe_budgets
+from accuracy import (
+    BUDGETS_GIB,
+    GIB,
+    failures,
+    h200_rows,
+    initialize_errors,
+    summaries,
+    unsafe_budgets,
+)
 from gpu_runs import H200_RUNS, load_gpu_runs
 from timing import (
     alone_errors,
@@ -39,6 +48,13 @@ def print_table(gpu_runs: Path) -> int:
         )
     print(f"unsafe: says fits at {', '.join(map(str, BUDGETS_GIB))} GiB (H200) or at the smallest")
     print("budget it calls enough (CPU), where the real run needs more")
+    init = [e for _, e in initialize_errors(gpu_runs)]
+    if init:
+        within = sum(abs(e) <= 10.0 for e in init)
+        print(
+            f"initialize peak (allocated)  {within}/{len(init)} within ±10%, median "
+            f"{statistics.median(abs(e) for e in init):.1f}%, worst {max(init, key=abs):+.1f}%"
+        )
     t = time_summary(gpu_runs)
     print(f"\n{'step time':34} {'runs':>5} {'median err':>11} {'worst err':>10}")
     alone = len(alone_errors(load_gpu_runs(gpu_runs)))

@@ -68,6 +68,7 @@ class Evidence:
     process_bytes: int | None = None  # held by the failed process (device) or resident (host)
     capacity_bytes: int | None = None  # the device's total (or the allowed fraction)
     other_processes_bytes: int = 0  # held on the device by other processes
+    phase: str | None = None  # "initialize": it failed inside deepspeed.initialize
 
     @property
     def observed_need(self) -> int | None:
@@ -102,6 +103,7 @@ def evidence_from(record: dict[str, Any], runtime: dict[str, Any]) -> Evidence:
         process_bytes=held,
         capacity_bytes=numbers.get("allowed_bytes", numbers.get("capacity_bytes")),
         other_processes_bytes=max(numbers.get("other_processes_bytes", 0), others_at_start),
+        phase=record.get("phase"),
     )
 
 
@@ -168,7 +170,10 @@ def _replanning(
     budgets: Budgets,
     on_host: bool,
 ) -> Replanning:
+    at_init = evidence.phase == "initialize" and not on_host and bool(failed.initialize_bytes)
     predicted = failed.cpu_bytes_per_node if on_host else failed.per_gpu_bytes.total
+    if at_init and failed.initialize_bytes:  # matched against the phase it failed in
+        predicted = failed.initialize_bytes
     # One rank's resident bytes say nothing about a node's host total: no correction there.
     observed = None if on_host else evidence.observed_need
     correction = max(1.0, observed / predicted) if observed and predicted > 0 else 1.0
@@ -185,6 +190,7 @@ def _replanning(
         budget=budget,
         tried=frozenset(plan_identity(c) for c in [*tried, failed]),
         on_host=on_host,
+        at_initialize=at_init,
     )
 
 
@@ -236,6 +242,8 @@ def lower_buckets(layout: Layout, work: Workload) -> Layout | None:
 
 def _why(chosen: Candidate, replanning: Replanning) -> str:
     what = "host memory per node" if replanning.on_host else "peak per rank"
+    if replanning.at_initialize:
+        what = "peak per rank (inside deepspeed.initialize, where it failed, or in training)"
     return (
         f"predicted {what} {format_bytes(replanning.need(replanning.failed))} -> "
         f"{format_bytes(replanning.need(chosen))} (x{replanning.correction:.2f} correction from "

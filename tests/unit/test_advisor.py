@@ -381,6 +381,7 @@ def test_candidate_json_matches_the_interface() -> None:
         "peak_phase",
         "step_seconds",
         "tokens_per_second",
+        "initialize_bytes",
     }
     assert data["peak_phase"] in ("forward", "backward", "step")
     assert set(data["per_gpu_bytes"]) == {

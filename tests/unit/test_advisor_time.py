@@ -131,3 +131,33 @@ def test_a_crowded_out_plan_predicted_above_the_device_escalates_instead_of_retr
 
     assert decision is not None and decision.action == "escalate"
     assert decision.plan is not None and decision.plan.per_gpu_bytes.total < 31 * GIB
+
+
+def test_an_oom_inside_initialize_is_matched_against_the_initialize_prediction() -> None:
+    spec = llama_job(LLAMA_1B1, sequence_length=2048, global_batch_size=4)
+    profile = single_gpu(40)
+    plan = advise(spec, profile).plan  # ZeRO-2: 38.46 GiB in training, 10.88 GiB at init
+    assert plan.initialize_bytes is not None
+    assert plan.initialize_bytes < plan.per_gpu_bytes.total
+    figures = {"missing_bytes": 1 * GIB, "tried_bytes": 2 * GIB, "process_bytes": 12 * GIB}
+
+    at_init = replan(spec, profile, plan, Evidence("OOM_GPU", **figures, phase="initialize"), [])
+    unknown = replan(spec, profile, plan, Evidence("OOM_GPU", **figures), [])
+
+    # 14 GiB held + tried is 1.29x the initialize prediction, but below the training peak's
+    correction = 14 * GIB / plan.initialize_bytes
+    assert at_init is not None and f"x{correction:.2f} correction" in at_init.reason
+    assert "inside deepspeed.initialize" in at_init.reason
+    assert unknown is not None and "x1.00 correction" in unknown.reason
+
+
+def test_the_initialize_peak_is_a_phase_of_the_prediction() -> None:
+    work = build_workload(
+        llama_job(LLAMA_1B1, sequence_length=2048, global_batch_size=4), single_gpu(139.8)
+    )
+    from service.core.advisor.memory import predict_memory
+
+    zero2 = predict_memory(work, Layout(2, False, False, True, 4, 1, model_sized_knobs(0, 2)))
+    # the H200 run: 10.28 GiB allocated inside deepspeed.initialize at ZeRO-2 (10 bytes/param)
+    context = 600 * 1024**2
+    assert (zero2.initialize_bytes - context) / GIB == pytest.approx(10.28, abs=0.05)

@@ -137,6 +137,7 @@ def evaluate_layout(
         peak_phase=prediction.phase,
         step_seconds=round(step.seconds, 6),
         tokens_per_second=round(step.tokens_per_second, 1),
+        initialize_bytes=prediction.initialize_bytes or None,
     )
 
 

@@ -140,7 +140,8 @@ class Replanning:
     1); ``must_save`` is what the next plan must need less than ``failed`` after correction (the
     bytes that were missing); ``budget`` caps the corrected need; ``tried`` are the identities of
     plans already run (see ``plan_identity``); ``on_host`` measures host memory per node instead
-    of the device.
+    of the device; ``at_initialize``: it failed inside deepspeed.initialize, so the correction
+    came from that phase's prediction and scales only it.
     """
 
     failed: Candidate
@@ -149,10 +150,15 @@ class Replanning:
     budget: int
     tried: frozenset[tuple[object, ...]]
     on_host: bool = False
+    at_initialize: bool = False
 
     def need(self, candidate: Candidate) -> int:
-        raw = candidate.cpu_bytes_per_node if self.on_host else candidate.per_gpu_bytes.total
-        return int(raw * self.correction)
+        if self.on_host:
+            return int(candidate.cpu_bytes_per_node * self.correction)
+        total = candidate.per_gpu_bytes.total
+        if self.at_initialize and candidate.initialize_bytes:
+            return max(int(candidate.initialize_bytes * self.correction), total)
+        return int(total * self.correction)
 
     def saving(self, candidate: Candidate) -> int:
         return self.need(self.failed) - self.need(candidate)

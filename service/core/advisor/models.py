@@ -71,6 +71,7 @@ class Candidate(BaseModel):
     # The step-time model's prediction (step_time.py); absent in older plans
     step_seconds: float | None = None  # one optimizer step (all micro-steps and the update)
     tokens_per_second: float | None = None  # the whole job's (every rank's) at that pace
+    initialize_bytes: int | None = None  # the peak inside deepspeed.initialize, context included
 
     def label(self) -> str:
         """A short human name, e.g. ``ZeRO-2 +offload(opt) +ckpt mb=4``."""
