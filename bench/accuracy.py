@@ -63,8 +63,11 @@ def unsafe_budgets(run: GpuRun) -> list[float]:
     """Budgets where the advisor says fits but the real run needs more."""
     total = run.predict().per_gpu.total
     needs = run.reserved + CALIBRATION.overhead.gpu_context_bytes
+    offload = run.layout.offload_optimizer
     return [
-        b for b in BUDGETS_GIB if total <= usable_device_bytes(int(b * GIB)) and needs > b * GIB
+        b
+        for b in BUDGETS_GIB
+        if total <= usable_device_bytes(int(b * GIB), offload=offload) and needs > b * GIB
     ]
 
 

@@ -113,8 +113,11 @@ def regrets(runs: list[GpuRun]) -> list[Regret]:
 def _regret(
     group: tuple[str, int, int], concurrent: int, members: list[GpuRun], budget_gib: float
 ) -> Regret:
-    usable = usable_device_bytes(int(budget_gib * GIB))
-    by_candidate = [(candidate_of(r, usable), r) for r in members]
+    capacity = int(budget_gib * GIB)
+    by_candidate = [
+        (candidate_of(r, usable_device_bytes(capacity, offload=r.layout.offload_optimizer)), r)
+        for r in members
+    ]
     fitting = [c for c, _ in by_candidate if c.fits]
     real = [r for r in members if really_fits(r, budget_gib)]
     best = max(real, key=lambda r: r.tokens_per_second) if real else None

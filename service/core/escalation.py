@@ -132,7 +132,9 @@ def replan(
     work = build_workload(spec, profile)
     replan_spec = _replan_spec(spec)
     on_host = evidence.failure_class == "OOM_HOST" and not work.on_cpu
-    budgets = Budgets(budget_bytes(profile), host_budget_bytes(profile))
+    budgets = Budgets(
+        budget_bytes(profile), host_budget_bytes(profile), budget_bytes(profile, offload=True)
+    )
     replanning = _replanning(failed, evidence, tried, budgets, on_host)
     candidates = [
         evaluate_layout(replan_spec, work, layout, budgets)
@@ -151,7 +153,8 @@ def _crowded_out(failed: Candidate, evidence: Evidence) -> Decision | None:
     capacity = evidence.capacity_bytes
     # held + tried is only a lower bound of the plan's need: the prediction may know more
     need = max(evidence.observed_need or 0, failed.per_gpu_bytes.total)
-    if capacity is None or need > usable_device_bytes(capacity):
+    offload = failed.offload_optimizer == "cpu"
+    if capacity is None or need > usable_device_bytes(capacity, offload=offload):
         return None  # the plan would not fit even a free GPU with the usual headroom
     return Decision(
         "retry",
@@ -178,8 +181,12 @@ def _replanning(
     observed = None if on_host else evidence.observed_need
     correction = max(1.0, observed / predicted) if observed and predicted > 0 else 1.0
     budget = budgets.host_per_node if on_host else budgets.per_gpu
+    offload_budget = budget if on_host else min(budget, budgets.per_gpu_offload or budget)
     if evidence.capacity_bytes and not on_host:  # the device the job really got
         budget = min(budget, usable_device_bytes(evidence.capacity_bytes))
+        offload_budget = min(
+            offload_budget, usable_device_bytes(evidence.capacity_bytes, offload=True)
+        )
     must_save = evidence.missing_bytes
     if must_save is None:
         must_save = int(MIN_SAVING_FRACTION * predicted * correction)
@@ -191,6 +198,7 @@ def _replanning(
         tried=frozenset(plan_identity(c) for c in [*tried, failed]),
         on_host=on_host,
         at_initialize=at_init,
+        offload_budget=offload_budget,
     )
 
 

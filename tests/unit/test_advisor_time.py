@@ -114,6 +114,8 @@ def test_the_gpu_headroom_is_the_measured_error_not_a_tenth() -> None:
     assert budget_bytes(single_gpu(40)) == int(40 * GIB - (GIB + 0.4 * GIB))
     assert budget_bytes(single_gpu(8)) == int(8 * GIB * 0.9)  # 10% is less than 1 GiB + 1%
     assert budget_bytes(single_gpu(40), 0.10) == int(40 * GIB * 0.9)
+    # under optimizer offload the model's error is 8.4% on the runs: those plans keep 10%
+    assert budget_bytes(single_gpu(40), offload=True) == int(40 * GIB * 0.9)
 
 
 def test_a_crowded_out_plan_predicted_above_the_device_escalates_instead_of_retrying() -> None:

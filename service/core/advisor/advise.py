@@ -33,7 +33,11 @@ def advise(
     if headroom is not None and not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), not {headroom}")
     work = build_workload(spec, profile)
-    budgets = Budgets(budget_bytes(profile, headroom), host_budget_bytes(profile, headroom))
+    budgets = Budgets(
+        budget_bytes(profile, headroom),
+        host_budget_bytes(profile, headroom),
+        budget_bytes(profile, headroom, offload=True),
+    )
     candidates = evaluate_all(spec, work, budgets)
     if not candidates:
         raise ValueError(

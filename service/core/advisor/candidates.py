@@ -34,6 +34,13 @@ OFFLOADS_BY_STAGE = {
 class Budgets:
     per_gpu: int
     host_per_node: int
+    per_gpu_offload: int | None = None  # under offload, where the headroom differs (None: same)
+
+    def device_for(self, layout: Layout) -> int:
+        """The device budget this layout is held to."""
+        if layout.offload_optimizer and self.per_gpu_offload is not None:
+            return min(self.per_gpu, self.per_gpu_offload)
+        return self.per_gpu
 
 
 def micro_batch_options(spec: JobSpec, work: Workload) -> list[int]:
@@ -117,7 +124,7 @@ def evaluate_layout(
     """Predict, price and render one layout."""
     prediction = predict_memory(work, layout, calibration)
     fits = (
-        prediction.per_gpu.total <= budgets.per_gpu
+        prediction.per_gpu.total <= budgets.device_for(layout)
         and prediction.cpu_bytes_per_node <= budgets.host_per_node
     )
     config: dict[str, Any] = render_ds_config(work, layout, spec.training, spec.zero.overrides)

@@ -151,6 +151,12 @@ class Replanning:
     tried: frozenset[tuple[object, ...]]
     on_host: bool = False
     at_initialize: bool = False
+    offload_budget: int | None = None  # the device budget of plans with optimizer offload
+
+    def budget_for(self, candidate: Candidate) -> int:
+        if offload_level(candidate) and self.offload_budget is not None:
+            return min(self.budget, self.offload_budget)
+        return self.budget
 
     def need(self, candidate: Candidate) -> int:
         if self.on_host:
@@ -166,7 +172,7 @@ class Replanning:
     def acceptable(self, candidate: Candidate) -> bool:
         return (
             plan_identity(candidate) not in self.tried
-            and self.need(candidate) <= self.budget
+            and self.need(candidate) <= self.budget_for(candidate)
             and self.saving(candidate) >= max(self.must_save, 1)
         )
 

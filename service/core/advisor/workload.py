@@ -75,19 +75,23 @@ def check_resources(spec: JobSpec, profile: ClusterProfile) -> None:
         )
 
 
-def budget_bytes(profile: ClusterProfile, headroom: float | None = DEFAULT_HEADROOM) -> int:
-    """Usable bytes per GPU after the headroom kept free (``None``: the measured margin)."""
+def budget_bytes(
+    profile: ClusterProfile, headroom: float | None = DEFAULT_HEADROOM, *, offload: bool = False
+) -> int:
+    """Usable bytes per GPU after the headroom kept free (``None``: the measured margin; for a
+    plan with optimizer offload, whose measured error is larger, the fixed 10%)."""
     capacity = int(profile.gpu_memory_gib * GIB)
     if headroom is None:
-        return usable_device_bytes(capacity, runs_on_cpu(profile))
+        return usable_device_bytes(capacity, runs_on_cpu(profile), offload=offload)
     return int(capacity * (1.0 - headroom))
 
 
-def usable_device_bytes(capacity: int, on_cpu: bool = False) -> int:
+def usable_device_bytes(capacity: int, on_cpu: bool = False, *, offload: bool = False) -> int:
     """A device's bytes less the memory model's measured error (constants.py): 1 GiB plus 1%
-    on a GPU, or 10% where that is less; 10% on CPU ranks."""
+    on a GPU, or 10% where that is less; 10% on CPU ranks and under optimizer offload (the
+    model's error there, 8.4%, is not smaller)."""
     fixed = FIXED_HEADROOM * capacity
-    if on_cpu:
+    if on_cpu or offload:
         return int(capacity - fixed)
     return int(capacity - min(fixed, GPU_ERROR_BYTES + GPU_ERROR_SHARE * capacity))
 
