@@ -30,7 +30,6 @@ from service.core.advisor.constants import CALIBRATION
 from service.core.advisor.step_time import (
     HOOKED_CONTAINERS,
     OUTER_MODULES,
-    parameter_tensors,
     predict_step_time,
     zero3_passes,
 )
@@ -58,7 +57,7 @@ def main() -> None:
     zero3 = run("llama-134m Z3 mb=1 s=1024", runs)
     shape = zero3.work.shape
     modules = shape.layers * (len(shape.block_tensors) + HOOKED_CONTAINERS) + OUTER_MODULES
-    hooks = modules * zero3_passes(zero3.layout) + parameter_tensors(shape)
+    hooks = modules * zero3_passes(zero3.layout) + zero3.work.parameter_tensors
     serial = predict_step_time(zero3.work, zero3.layout).serial_seconds
     per_hook = (zero3.step_seconds - serial - per_pass * block_passes(zero3)) / hooks
     _show("host_seconds_per_zero3_hook", per_hook, f"over {hooks} hooks")
@@ -86,7 +85,7 @@ def device_checks(runs: list[GpuRun]) -> None:
     mfu = CALIBRATION.speeds.mfu_max * step.device_seconds / compute
     _show("mfu_max", mfu, "(if the device, not the host, set the pace)")
     if zero0 is not None:
-        tensors = parameter_tensors(zero0.work.shape)
+        tensors = zero0.work.parameter_tensors
         _show("host_sync_seconds", (zero0.step_seconds - zero2.step_seconds) / tensors)
     ckpt = alone.get("llama-1.1b Z2+ckpt")
     if ckpt is not None:

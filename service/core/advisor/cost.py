@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.layout import Layout, Workload
-from service.core.advisor.step_time import StepTime, forward_flops_per_token, predict_step_time
+from service.core.advisor.step_time import StepTime, predict_step_time
 
 
 def relative_cost(
@@ -26,6 +26,6 @@ def relative_cost(
 
 
 def ideal_seconds_per_sample(work: Workload, calibration: Calibration) -> float:
-    whole, _ = forward_flops_per_token(work.shape, work.sequence_length)
+    whole, _ = work.forward_flops_per_token
     flops = 3.0 * whole * work.sequence_length
     return flops / (work.hardware.peak_flops * calibration.speeds.mfu_max)

@@ -77,6 +77,23 @@ class Workload:
     def weight_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
+    @cached_property
+    def forward_flops_per_token(self) -> tuple[float, float]:
+        """(whole model, blocks only) forward FLOPs per token: two per weight of every matmul,
+        the head's included, and the attention scores and mix (half under a causal kernel)."""
+        shape = self.shape
+        causal = 1.0 if shape.flash_attention else 2.0  # eager attention computes the masked half
+        attention = 2.0 * shape.layers * self.sequence_length * shape.attention_width * causal
+        active = shape.experts_per_token / shape.experts
+        blocks = 2.0 * shape.layers * shape.layer_params * active + attention
+        return blocks + 2.0 * shape.vocab * shape.hidden, blocks
+
+    @cached_property
+    def parameter_tensors(self) -> int:
+        shape = self.shape
+        outer = len(shape.first_tensors) + len(shape.last_tensors)
+        return outer + shape.layers * len(shape.block_tensors)
+
 
 def model_sized_knobs(parameters: int, stage: int) -> Knobs:
     """Bucket sizes no larger than the model: DeepSpeed allocates a bucket whole, used or not."""

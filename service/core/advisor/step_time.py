@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from service.core.advisor.constants import CALIBRATION, Calibration, Speeds
 from service.core.advisor.hardware import Hardware
 from service.core.advisor.layout import Layout, Workload
-from service.core.advisor.shape import ModelShape
 
 HOOKED_CONTAINERS = 4  # per Llama/GPT block: the block, its attention, its MLP, the activation
 OUTER_MODULES = 6  # the model, its trunk, embeddings, final norm, rotary/positions, the head
@@ -51,16 +50,6 @@ def predict_step_time(
     return StepTime(seconds, tokens / seconds, device, host, serial)
 
 
-def forward_flops_per_token(shape: ModelShape, sequence: int) -> tuple[float, float]:
-    """(whole model, blocks only) forward FLOPs per token: two per weight of every matmul, the
-    head's included, and the attention scores and mix (half of them under a causal kernel)."""
-    causal = 1.0 if shape.flash_attention else 2.0  # eager attention computes the masked half
-    attention = 2.0 * shape.layers * sequence * shape.attention_width * causal
-    active = shape.experts_per_token / shape.experts
-    blocks = 2.0 * shape.layers * shape.layer_params * active + attention
-    return blocks + 2.0 * shape.vocab * shape.hidden, blocks
-
-
 def efficiency(tokens: int, speeds: Speeds) -> float:
     """Share of the device's peak a micro-step of this many tokens reaches."""
     return speeds.mfu_max * tokens / (tokens + speeds.half_efficiency_tokens)
@@ -68,7 +57,7 @@ def efficiency(tokens: int, speeds: Speeds) -> float:
 
 def micro_device_seconds(work: Workload, layout: Layout, speeds: Speeds, hw: Hardware) -> float:
     tokens = layout.micro_batch * work.sequence_length
-    whole, blocks = forward_flops_per_token(work.shape, work.sequence_length)
+    whole, blocks = work.forward_flops_per_token
     flops = (3.0 * whole + (blocks if layout.checkpointing else 0.0)) * tokens
     compute = flops / (hw.peak_flops * efficiency(tokens, speeds))
     return compute + gather_seconds(work, layout, speeds, hw)
@@ -100,15 +89,9 @@ def micro_host_seconds(work: Workload, layout: Layout, speeds: Speeds) -> float:
     host = speeds.host_seconds_per_block_pass * (shape.layers + 1) * passes
     if layout.stage == 3:
         modules = shape.layers * (len(shape.block_tensors) + HOOKED_CONTAINERS) + OUTER_MODULES
-        hooks = modules * zero3_passes(layout) + parameter_tensors(shape)
+        hooks = modules * zero3_passes(layout) + work.parameter_tensors
         host += speeds.host_seconds_per_zero3_hook * hooks
     return host
-
-
-def parameter_tensors(shape: ModelShape) -> int:
-    return (
-        len(shape.first_tensors) + len(shape.last_tensors) + shape.layers * len(shape.block_tensors)
-    )
 
 
 def update_seconds(work: Workload, layout: Layout, speeds: Speeds, hw: Hardware) -> float:
@@ -141,7 +124,7 @@ def overflow_check_seconds(work: Workload, layout: Layout, speeds: Speeds) -> fl
     nothing queued behind it. ZeRO-1/2/3 sum the tests on the device and read once."""
     if layout.stage != 0 or work.precision == "fp32" or work.on_cpu:
         return speeds.host_sync_seconds
-    return speeds.host_sync_seconds * parameter_tensors(work.shape)
+    return speeds.host_sync_seconds * work.parameter_tensors
 
 
 def ring_share(work: Workload) -> float:
