@@ -149,7 +149,8 @@ def test_cli_advise_prints_a_table_with_the_plan_marked(cli: typer.Typer, tmp_pa
 
     assert result.exit_code == 0, result.output
     assert "plan: ZeRO-0 mb=4x1" in result.output
-    assert "\u2192" in result.output and "fastest plan that fits" in result.output
+    # ZeRO-0 ties ZeRO-2 with offload (within 2%): the article's order breaks the tie
+    assert "\u2192" in result.output and "ties the fastest plan that fits" in result.output
     assert "tok/s" in result.output and "tokens/s predicted" in result.output
 
 

@@ -73,7 +73,9 @@ def explain(plan: Candidate, candidates: list[Candidate], policy: Policy, budget
             f"The capacity policy takes the most memory-saving configuration: {plan.label()} "
             f"needs {need}."
         )
-    first = f"{describe(plan)} is the fastest plan that fits, {_speed(plan)} predicted ({need}"
+    fastest = min(seconds_per_sample(c) for c in candidates if c.fits)
+    rank = "is the fastest plan" if seconds_per_sample(plan) <= fastest else "ties the fastest plan"
+    first = f"{describe(plan)} {rank} that fits, {_speed(plan)} predicted ({need}"
     first += f"{_at_peak(plan)})"
     others = [
         c for c in candidates if c.fits and _family(c) != _family(plan) and not _same_speed(c, plan)
@@ -81,6 +83,8 @@ def explain(plan: Candidate, candidates: list[Candidate], policy: Policy, budget
     if others:
         runner = min(others, key=throughput_key)
         first += f"; {describe(runner)} would be {_speed(runner)}"
+        if seconds_per_sample(runner) < seconds_per_sample(plan):
+            first += f" (within {TIE_TOLERANCE:.0%}, a tie the article's order breaks)"
     faster = [c for c in candidates if not c.fits and throughput_key(c) < throughput_key(plan)]
     if faster:
         best = min(faster, key=throughput_key)
