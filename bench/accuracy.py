@@ -6,8 +6,8 @@ Two grids:
   what the caching allocator reserves (its ``total`` less the CUDA context). A prediction is
   right when it lies in the band from the run's peak allocated to its peak reserved; its error
   is the distance to the nearer edge of that band, relative to the edge. A verdict is unsafe
-  when the advisor says ``fits`` at a budget (16 ... 139.8 GiB, 10% headroom) that the run's
-  real reserved peak plus the CUDA context exceeds.
+  when the advisor says ``fits`` at a budget (16 ... 139.8 GiB, less the measured headroom)
+  that the run's real reserved peak plus the CUDA context exceeds.
 - CPU: 155 measured points of 2- and 4-rank runs (bench/data/cpu_measurements.json); error of
   the predicted tensor bytes against the measured tensor peak; unsafe when the smallest budget
   the advisor calls enough is below the rank's resident high-water mark.
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from advisor_model_vs_runs import load_runs, points
 from gpu_runs import H200_RUNS, GpuRun, load_gpu_runs
 
-from service.core.advisor.constants import CALIBRATION, DEFAULT_HEADROOM
+from service.core.advisor.constants import CALIBRATION, FIXED_HEADROOM
+from service.core.advisor.workload import usable_device_bytes
 
 GIB = 1024**3
 BUDGETS_GIB = (16, 24, 40, 48, 80, 94, 139.8)
@@ -62,7 +63,12 @@ def unsafe_budgets(run: GpuRun) -> list[float]:
     """Budgets where the advisor says fits but the real run needs more."""
     total = run.predict().per_gpu.total
     needs = run.reserved + CALIBRATION.overhead.gpu_context_bytes
-    return [b for b in BUDGETS_GIB if total <= b * GIB * (1 - DEFAULT_HEADROOM) and needs > b * GIB]
+    offload = run.layout.offload_optimizer
+    return [
+        b
+        for b in BUDGETS_GIB
+        if total <= usable_device_bytes(int(b * GIB), offload=offload) and needs > b * GIB
+    ]
 
 
 def h200_rows(path: Path = H200_RUNS) -> list[tuple[GpuRun, int, float]]:
@@ -87,7 +93,7 @@ def cpu_summary() -> Summary:
         per_gpu = p.predict().per_gpu
         tensors = per_gpu.total - per_gpu.overhead
         errors.append(100.0 * (tensors - p.peak()) / p.peak())
-        smallest_fitting = per_gpu.total / (1.0 - DEFAULT_HEADROOM)
+        smallest_fitting = per_gpu.total / (1.0 - FIXED_HEADROOM)
         unsafe += max(int(p.measured["rss_peak"]), int(p.measured["rss_before"])) > smallest_fitting
     return _summary(f"CPU grid ({len(errors)} points)", errors, unsafe)
 
@@ -118,3 +124,16 @@ def failures(results: dict[str, Summary]) -> list[str]:
                 f"{s.unsafe} unsafe (target {unsafe})"
             )
     return missed
+
+
+def initialize_errors(path: Path = H200_RUNS) -> list[tuple[GpuRun, float]]:
+    """Predicted tensor bytes at the peak of deepspeed.initialize against the run's
+    ``init_peak`` (allocated; the prediction less the CUDA context), percent."""
+    rows = []
+    for run in load_gpu_runs(path):
+        if "init_peak" not in run.record:
+            continue
+        predicted = run.predict().initialize_bytes - CALIBRATION.overhead.gpu_context_bytes
+        measured = int(run.record["init_peak"])
+        rows.append((run, 100.0 * (predicted - measured) / measured))
+    return rows

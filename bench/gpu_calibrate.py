@@ -1,6 +1,11 @@
 """Re-measure the GPU truth on a lent device in one command (under 8 minutes on one H200).
 
-Runs bench/gpu_probe.py for the shared grid (the 44 specs of bench/data/h200_runs.jsonl), then
+First the step-time rows (``timing_rows``): each alone on the GPU, 10 steps with 3 of warm-up
+left out of the median, for the step-time model's constants (bench/advisor_fit_time.py solves
+them from the file: host launches and ZeRO-3's hooks from the 134M model, the device's
+efficiency and checkpointing's recompute from the 1.1B at 1024 and 8192 tokens, ZeRO-0's
+overflow sync from its ZeRO-0/ZeRO-2 pair, the host optimizer from the offload row). Then it
+runs bench/gpu_probe.py for the shared grid (the 44 specs of bench/data/h200_runs.jsonl), then
 FusedAdam rows (DeepSpeed's default optimizer, which the shared grid lacks), then 2-8 GPU runs
 when the machine has several GPUs, then the two held-out cases of the issue (6.7B ZeRO-3 and
 ZeRO-0 at 2048 tokens), as long as time is left. Probes run side by side while the advisor's
@@ -36,6 +41,7 @@ from service.core.advisor.shape import bare_shape
 HERE = Path(__file__).resolve().parent
 GIB = 1024**3
 LLAMA_1B1 = {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "ffn": 8192, "vocab": 32000}
+LLAMA_134M = {"hidden": 768, "layers": 12, "heads": 12, "kv_heads": 12, "ffn": 2048, "vocab": 32000}
 LLAMA_6B7 = {
     "hidden": 4096,
     "layers": 32,
@@ -60,6 +66,18 @@ class Probe:
 def shared_grid() -> list[dict[str, Any]]:
     records = [json.loads(line) for line in H200_RUNS.read_text().splitlines() if line]
     return [r["spec"] for r in records]
+
+
+def timing_rows() -> list[dict[str, Any]]:
+    """Runs the step-time model is fitted on, each alone on the GPU (``alone``)."""
+    small = {"name": "llama-134m", "model": LLAMA_134M, "seq": 1024, "mb": 1}
+    large = {"name": "llama-1.1b", "model": LLAMA_1B1, "seq": 2048, "mb": 4}
+    timed = {"steps": 10, "warmup": 3, "alone": True}
+    rows = [{**small, **timed, "stage": s, "ckpt": c} for s in (0, 1, 2, 3) for c in (False, True)]
+    rows += [{**large, **timed, "stage": s, "ckpt": c} for s in (0, 2, 3) for c in (False, True)]
+    rows += [{**large, **timed, "seq": 1024, "mb": 1, "stage": 0, "ckpt": False}]
+    offload = {"stage": 2, "ckpt": True, "offload_optimizer": True, "steps": 5, "warmup": 2}
+    return [*rows, {**large, **timed, **offload}]
 
 
 def fused_rows() -> list[dict[str, Any]]:
@@ -120,7 +138,7 @@ def device() -> tuple[int, int]:
 
 
 def plan(gpus: int) -> list[Probe]:
-    specs = [(s, 1) for s in shared_grid() + fused_rows()]
+    specs = [(s, 1) for s in timing_rows() + shared_grid() + fused_rows()]
     specs += [(s, s.pop("gpus")) for s in multi_gpu_rows(gpus)]
     specs += [(s, 1) for s in held_out_rows()]
     return [Probe(spec, n, predicted_bytes(spec, n)) for spec, n in specs]
@@ -183,6 +201,8 @@ def can_start(probe: Probe, running: list[Probe], capacity: int, jobs: int) -> b
     """Side by side while the predictions fit; a several-GPU probe or a big one runs alone."""
     if not running:
         return True
+    if probe.spec.get("alone") or any(p.spec.get("alone") for p in running):
+        return False  # a timed row has the GPU to itself: its step time is the model's truth
     if probe.gpus > 1 or any(p.gpus > 1 for p in running) or len(running) >= jobs:
         return False
     return sum(p.predicted for p in running) + probe.predicted <= 0.85 * capacity
@@ -214,6 +234,9 @@ def main() -> None:
     subprocess.run(
         [sys.executable, str(HERE / "advisor_check.py"), "--runs", str(args.out), "--rows"],
         check=False,
+    )
+    subprocess.run(
+        [sys.executable, str(HERE / "advisor_fit_time.py"), "--runs", str(args.out)], check=False
     )
 
 

@@ -115,8 +115,10 @@ try:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - began)
     out["loss"] = float(loss.detach())
-    later = sorted(times[1:]) or times
+    warmup = min(int(spec.get("warmup", 1)), len(times) - 1)  # the first steps build caches
+    later = sorted(times[warmup:]) or times
     out["step_s"] = later[len(later) // 2]
+    out["step_times_s"] = times  # every step, warm-up included, for the time model's fit
     out["tokens_per_s"] = spec["mb"] * spec["seq"] / out["step_s"]
     if cuda:
         out["train_peak"] = peak()

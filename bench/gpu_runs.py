@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from service.core.advisor.constants import CALIBRATION, Calibration
+from service.core.advisor.hardware import ACCELERATORS
 from service.core.advisor.layout import Knobs, Layout, Workload
 from service.core.advisor.memory import Prediction, predict_memory
 from service.core.advisor.shape import bare_shape
+from service.core.advisor.step_time import StepTime, predict_step_time
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUNS = ROOT / "bench" / "data" / "h200_runs.jsonl"
@@ -50,6 +52,28 @@ class GpuRun:
 
     def predict(self, calibration: Calibration = CALIBRATION) -> Prediction:
         return predict_memory(self.work, self.layout, calibration)
+
+    @property
+    def concurrent(self) -> int:
+        """Other probes that shared the GPU during the run (0: it had the GPU alone)."""
+        return int(self.record.get("concurrent", 0))
+
+    @property
+    def step_seconds(self) -> float:
+        return float(self.record["step_s"])
+
+    @property
+    def tokens_per_second(self) -> float:
+        return float(self.record["tokens_per_s"])
+
+    @property
+    def group(self) -> tuple[str, int, int]:
+        """Model, sequence and micro-batch: the runs whose speeds a choice compares."""
+        s = self.record["spec"]
+        return (s["name"], s["seq"], s["mb"])
+
+    def predict_time(self, calibration: Calibration = CALIBRATION) -> StepTime:
+        return predict_step_time(self.work, self.layout, calibration)
 
 
 def deepspeed_default_knobs(ds_config: dict[str, Any]) -> Knobs:
@@ -88,6 +112,7 @@ def run_of(record: dict[str, Any]) -> GpuRun:
         nodes=1,
         gpus_per_node=world,
         on_cpu=False,
+        hardware=ACCELERATORS["h200"],
     )
     layout = Layout(
         stage=spec["stage"],

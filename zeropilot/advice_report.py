@@ -28,7 +28,7 @@ from service.core.spec import JobSpec
 from zeropilot.cli_common import console, err, fail, inline_hf_config, print_json, read_mapping
 
 GIB = 1024**3
-TABLE_WIDTH = 150  # the candidate table needs it; narrower terminals wrap rather than truncate
+TABLE_WIDTH = 170  # the candidate table needs it; narrower terminals wrap rather than truncate
 
 PROFILES_ENV = "ZEROPILOT_CLUSTERS__PROFILES_FILE"
 
@@ -168,6 +168,8 @@ def _print_advice(advice: Advice, profile: ClusterProfile) -> None:
         "total",
         "peak",
         "fits",
+        "step s",
+        "tok/s",
         "cost",
     ):
         table.add_column(column, justify="right", no_wrap=True)
@@ -198,6 +200,8 @@ def _row(candidate: Candidate, chosen: bool, scale: int) -> list[str]:
         *(f"{n / scale:.2f}" for n in sizes),
         candidate.peak_phase or "",  # forward / backward / step: where the peak is
         "yes" if candidate.fits else "no",
+        "" if candidate.step_seconds is None else f"{candidate.step_seconds:.3f}",
+        "" if candidate.tokens_per_second is None else f"{candidate.tokens_per_second:,.0f}",
         f"{candidate.relative_cost:.2f}",
     ]
 

@@ -39,6 +39,12 @@ class ClusterProfile(BaseModel):
     gpus_per_node: int = Field(default=2, gt=0)
     cpu_memory_gib: float = Field(default=16.0, gt=0)  # per node
     max_nodes: int = Field(default=1, gt=0)
+    # The advisor's step-time model; None: the accelerator's spec sheet (docs/advisor.md).
+    peak_tflops: float | None = Field(default=None, gt=0)  # dense 16-bit, per accelerator
+    memory_gb_per_s: float | None = Field(default=None, gt=0)  # device memory bandwidth
+    intra_node_gb_per_s: float | None = Field(default=None, gt=0)  # collective bus bandwidth
+    inter_node_gb_per_s: float | None = Field(default=None, gt=0)  # network, per accelerator
+    pcie_gb_per_s: float | None = Field(default=None, gt=0)  # host link (offload copies)
     # GPUs zeropilot admits onto this cluster at once (teams share them fairly); None: no cap.
     max_gpus: int | None = Field(default=None, gt=0)
     nccl_env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(

@@ -35,10 +35,14 @@ from service.core.advisor.candidates import (
     layout_of,
 )
 from service.core.advisor.choice import Replanning, choose_replanned, plan_identity
-from service.core.advisor.constants import DEFAULT_HEADROOM
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
 from service.core.advisor.models import Candidate, format_bytes
-from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
+from service.core.advisor.workload import (
+    budget_bytes,
+    build_workload,
+    host_budget_bytes,
+    usable_device_bytes,
+)
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 
@@ -64,6 +68,7 @@ class Evidence:
     process_bytes: int | None = None  # held by the failed process (device) or resident (host)
     capacity_bytes: int | None = None  # the device's total (or the allowed fraction)
     other_processes_bytes: int = 0  # held on the device by other processes
+    phase: str | None = None  # "initialize": it failed inside deepspeed.initialize
 
     @property
     def observed_need(self) -> int | None:
@@ -98,6 +103,7 @@ def evidence_from(record: dict[str, Any], runtime: dict[str, Any]) -> Evidence:
         process_bytes=held,
         capacity_bytes=numbers.get("allowed_bytes", numbers.get("capacity_bytes")),
         other_processes_bytes=max(numbers.get("other_processes_bytes", 0), others_at_start),
+        phase=record.get("phase"),
     )
 
 
@@ -127,7 +133,7 @@ def replan(
     replan_spec = _replan_spec(spec)
     on_host = evidence.failure_class == "OOM_HOST" and not work.on_cpu
     budgets = Budgets(
-        budget_bytes(profile, DEFAULT_HEADROOM), host_budget_bytes(profile, DEFAULT_HEADROOM)
+        budget_bytes(profile), host_budget_bytes(profile), budget_bytes(profile, offload=True)
     )
     replanning = _replanning(failed, evidence, tried, budgets, on_host)
     candidates = [
@@ -145,14 +151,17 @@ def _crowded_out(failed: Candidate, evidence: Evidence) -> Decision | None:
     if evidence.failure_class != "OOM_GPU" or not evidence.other_processes_bytes:
         return None
     capacity = evidence.capacity_bytes
-    need = evidence.observed_need or failed.per_gpu_bytes.total
-    if capacity is None or need > capacity * (1.0 - DEFAULT_HEADROOM):
+    # held + tried is only a lower bound of the plan's need: the prediction may know more
+    need = max(evidence.observed_need or 0, failed.per_gpu_bytes.total)
+    offload = failed.offload_optimizer == "cpu"
+    if capacity is None or need > usable_device_bytes(capacity, offload=offload):
         return None  # the plan would not fit even a free GPU with the usual headroom
     return Decision(
         "retry",
         f"other processes held {format_bytes(evidence.other_processes_bytes)} of the GPU's "
-        f"{format_bytes(capacity)}; this plan needs {format_bytes(need)}, which fits a free "
-        "GPU with the usual headroom: the plan is kept and the attempt retried",
+        f"{format_bytes(capacity)}; this plan needs {format_bytes(need)} (the larger of what "
+        "it held and tried and its prediction), which fits a free GPU with the usual "
+        "headroom: the plan is kept and the attempt retried",
         failed,
     )
 
@@ -164,13 +173,20 @@ def _replanning(
     budgets: Budgets,
     on_host: bool,
 ) -> Replanning:
+    at_init = evidence.phase == "initialize" and not on_host and bool(failed.initialize_bytes)
     predicted = failed.cpu_bytes_per_node if on_host else failed.per_gpu_bytes.total
+    if at_init and failed.initialize_bytes:  # matched against the phase it failed in
+        predicted = failed.initialize_bytes
     # One rank's resident bytes say nothing about a node's host total: no correction there.
     observed = None if on_host else evidence.observed_need
     correction = max(1.0, observed / predicted) if observed and predicted > 0 else 1.0
     budget = budgets.host_per_node if on_host else budgets.per_gpu
+    offload_budget = budget if on_host else min(budget, budgets.per_gpu_offload or budget)
     if evidence.capacity_bytes and not on_host:  # the device the job really got
-        budget = min(budget, int(evidence.capacity_bytes * (1.0 - DEFAULT_HEADROOM)))
+        budget = min(budget, usable_device_bytes(evidence.capacity_bytes))
+        offload_budget = min(
+            offload_budget, usable_device_bytes(evidence.capacity_bytes, offload=True)
+        )
     must_save = evidence.missing_bytes
     if must_save is None:
         must_save = int(MIN_SAVING_FRACTION * predicted * correction)
@@ -181,6 +197,8 @@ def _replanning(
         budget=budget,
         tried=frozenset(plan_identity(c) for c in [*tried, failed]),
         on_host=on_host,
+        at_initialize=at_init,
+        offload_budget=offload_budget,
     )
 
 
@@ -232,6 +250,8 @@ def lower_buckets(layout: Layout, work: Workload) -> Layout | None:
 
 def _why(chosen: Candidate, replanning: Replanning) -> str:
     what = "host memory per node" if replanning.on_host else "peak per rank"
+    if replanning.at_initialize:
+        what = "peak per rank (inside deepspeed.initialize, where it failed, or in training)"
     return (
         f"predicted {what} {format_bytes(replanning.need(replanning.failed))} -> "
         f"{format_bytes(replanning.need(chosen))} (x{replanning.correction:.2f} correction from "

@@ -143,6 +143,7 @@ class Diagnosis:
     source: str  # runtime tag | cluster state | log | exit code | none
     lines: tuple[str, ...] = ()
     numbers: dict[str, int] = field(default_factory=dict)
+    phase: str | None = None  # "initialize": the traceback runs through deepspeed.initialize
 
     @property
     def line(self) -> str:
@@ -167,6 +168,8 @@ class Diagnosis:
         }
         if (missing := self.missing_bytes) is not None:
             record["missing_bytes"] = missing
+        if self.phase:
+            record["phase"] = self.phase
         return record
 
 
@@ -215,7 +218,20 @@ def diagnose_failure(
         signal_line = f"killed by SIGKILL (exit code {exit_code})"
         if exit_code in SIGKILL_EXIT_CODES and signal_line not in lines:
             lines = (*lines, signal_line)
-    return Diagnosis(found.failure_class, found.source, lines, numbers)
+    phase = oom_phase(found.failure_class, text)
+    return Diagnosis(found.failure_class, found.source, lines, numbers, phase)
+
+
+# A frame of DeepSpeed's own initialize (deepspeed/__init__.py) in the traceback: the OOM came
+# while the engine and its optimizer wrapper were built, before any training step.
+_INITIALIZE_FRAME = re.compile(r'File "[^"\n]*deepspeed[/\\]__init__\.py", line \d+, in initialize')
+
+
+def oom_phase(failure_class: FailureClass, text: str) -> str | None:
+    """Where an out-of-memory failure happened, when the log says: "initialize" or None."""
+    if failure_class.out_of_memory and _INITIALIZE_FRAME.search(text):
+        return "initialize"
+    return None
 
 
 def _from_tag(tag: str | None) -> FailureClass | None:

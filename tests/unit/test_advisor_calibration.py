@@ -16,10 +16,13 @@ def shared_specs() -> list[dict[str, object]]:
     return [json.loads(line)["spec"] for line in H200_RUNS.read_text().splitlines() if line]
 
 
-def test_one_gpu_remeasures_the_shared_grid_then_fused_adam_then_the_held_out_cases() -> None:
+def test_one_gpu_times_alone_then_remeasures_the_grid_then_fused_adam_then_held_out() -> None:
     probes = plan(1)
 
-    assert [p.spec for p in probes[:44]] == shared_specs()
+    timed = [p for p in probes if p.spec.get("alone")]
+    assert probes[: len(timed)] == timed and len(timed) == 16
+    assert all(p.spec["steps"] > p.spec["warmup"] >= 2 for p in timed)
+    assert [p.spec for p in probes[len(timed) : len(timed) + 44]] == shared_specs()
     fused = [p for p in probes if p.spec.get("optimizer") == "fused"]
     assert {p.spec["stage"] for p in fused} == {0, 1, 2, 3}
     assert all(p.gpus == 1 for p in probes)
@@ -34,6 +37,14 @@ def test_several_gpus_add_runs_under_the_deepspeed_launcher() -> None:
     argv = command(several[0], 29650)
     assert argv[:5] == ["deepspeed", "--num_gpus", "8", "--master_port", "29650"]
     assert json.loads(argv[-1])["port"] == 29650
+
+
+def test_a_timed_probe_has_the_gpu_to_itself() -> None:
+    timed, other = Probe({"alone": True}, 1, 5 * GIB), Probe({}, 1, 5 * GIB)
+
+    assert can_start(timed, [], H200, jobs=4)
+    assert not can_start(timed, [other], H200, jobs=4)
+    assert not can_start(other, [timed], H200, jobs=4)
 
 
 def test_probes_share_the_gpu_only_while_the_predictions_fit() -> None:

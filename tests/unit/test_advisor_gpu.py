@@ -63,8 +63,9 @@ def test_1b1_llama_on_24_gib_offloads_the_optimizer() -> None:
     assert advice.plan.offload_optimizer == "cpu"
     zero0 = [c for c in without_offload if c.zero_stage == 0]
     assert min(c.per_gpu_bytes.total for c in zero0) > 24 * GIB
-    assert advice.reason.startswith("Nothing fits with less offload")
-    assert "peak in the optimizer step" in advice.reason
+    # the reason names the faster plan that does not fit, its speed and its need
+    assert "ZeRO-2 without checkpointing would be" in advice.reason
+    assert "tokens/s but needs 38.46 GiB" in advice.reason
 
 
 def gpu_work(model: dict[str, Any], impl: str = "torch", **changes: Any) -> Workload:

@@ -395,3 +395,33 @@ def test_the_local_backends_cgroup_count_makes_a_sigkill_host_oom() -> None:
     assert classify(exit_code=247, reason=reason) == FailureClass.OOM_HOST
     assert oom_kill_evidence(before=3, after=3) == ""  # no kill while it ran: no evidence
     assert classify(exit_code=247, reason="") == FailureClass.KILLED
+
+
+# The call chain of an OOM inside deepspeed.initialize at ZeRO-0 in bf16 (DeepSpeed 0.19.8's line
+# numbers; Python's traceback format). No GPU here: the text is written, not captured.
+INIT_OOM = """\
+Traceback (most recent call last):
+  File "/workspace/train.py", line 88, in <module>
+    engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config)
+  File "/venv/lib/python3.11/site-packages/deepspeed/__init__.py", line 569, in initialize
+    engine = DeepSpeedEngine(args=args,
+  File "/venv/lib/python3.11/site-packages/deepspeed/runtime/engine.py", line 682, in __init__
+    self._configure_optimizer(optimizer, model_parameters)
+  File "/venv/lib/python3.11/site-packages/deepspeed/runtime/engine.py", line 2582, in \
+_configure_fp16_optimizer
+    optimizer = FP16_Optimizer(
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total \
+capacity of 39.50 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has \
+38.40 GiB memory in use. Of the allocated memory 37.31 GiB is allocated by PyTorch, and 0.5 GiB \
+is reserved by PyTorch but unallocated.
+"""
+
+
+def test_an_oom_inside_deepspeed_initialize_is_marked_with_its_phase() -> None:
+    at_init = diagnose(log_tail=INIT_OOM)
+    in_training = diagnose(log_tail=CUDA_OOM)
+
+    assert at_init.failure_class == FailureClass.OOM_GPU
+    assert at_init.as_record()["phase"] == "initialize"
+    assert in_training.failure_class == FailureClass.OOM_GPU
+    assert "phase" not in in_training.as_record()

@@ -25,15 +25,19 @@ def advise(
     profile: ClusterProfile,
     policy: Policy = "throughput",
     *,
-    headroom: float = DEFAULT_HEADROOM,
+    headroom: float | None = DEFAULT_HEADROOM,
 ) -> Advice:
     """Predict memory for every candidate configuration and pick the plan under ``policy``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
-    if not 0.0 <= headroom < 1.0:
+    if headroom is not None and not 0.0 <= headroom < 1.0:
         raise ValueError(f"headroom must be in [0, 1), not {headroom}")
     work = build_workload(spec, profile)
-    budgets = Budgets(budget_bytes(profile, headroom), host_budget_bytes(profile, headroom))
+    budgets = Budgets(
+        budget_bytes(profile, headroom),
+        host_budget_bytes(profile, headroom),
+        budget_bytes(profile, headroom, offload=True),
+    )
     candidates = evaluate_all(spec, work, budgets)
     if not candidates:
         raise ValueError(

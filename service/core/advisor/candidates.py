@@ -18,6 +18,7 @@ from service.core.advisor.layout import Knobs, Layout, Workload, model_sized_kno
 from service.core.advisor.memory import predict_memory
 from service.core.advisor.models import Candidate
 from service.core.advisor.render import knobs_from_overrides, render_ds_config
+from service.core.advisor.step_time import predict_step_time
 from service.core.spec import JobSpec, Offload
 
 MAX_MICRO_OPTIONS = 12
@@ -33,6 +34,13 @@ OFFLOADS_BY_STAGE = {
 class Budgets:
     per_gpu: int
     host_per_node: int
+    per_gpu_offload: int | None = None  # under offload, where the headroom differs (None: same)
+
+    def device_for(self, layout: Layout) -> int:
+        """The device budget this layout is held to."""
+        if layout.offload_optimizer and self.per_gpu_offload is not None:
+            return min(self.per_gpu, self.per_gpu_offload)
+        return self.per_gpu
 
 
 def micro_batch_options(spec: JobSpec, work: Workload) -> list[int]:
@@ -116,10 +124,11 @@ def evaluate_layout(
     """Predict, price and render one layout."""
     prediction = predict_memory(work, layout, calibration)
     fits = (
-        prediction.per_gpu.total <= budgets.per_gpu
+        prediction.per_gpu.total <= budgets.device_for(layout)
         and prediction.cpu_bytes_per_node <= budgets.host_per_node
     )
     config: dict[str, Any] = render_ds_config(work, layout, spec.training, spec.zero.overrides)
+    step = predict_step_time(work, layout, calibration)
     return Candidate.model_construct(  # every field is computed here; skip re-validation
         zero_stage=layout.stage,
         offload_optimizer="cpu" if layout.offload_optimizer else "none",
@@ -130,9 +139,12 @@ def evaluate_layout(
         per_gpu_bytes=prediction.per_gpu,
         cpu_bytes_per_node=prediction.cpu_bytes_per_node,
         fits=fits,
-        relative_cost=relative_cost(work, layout, calibration),
+        relative_cost=relative_cost(work, layout, calibration, step),
         ds_config=config,
         peak_phase=prediction.phase,
+        step_seconds=round(step.seconds, 6),
+        tokens_per_second=round(step.tokens_per_second, 1),
+        initialize_bytes=prediction.initialize_bytes or None,
     )
 
 

@@ -1,10 +1,10 @@
 """The choice rules: which fitting candidate becomes the plan, and the sentence saying why.
 
-Throughput first, as the ZeRO article's decision flow says: the least offload (a host step and
-PCIe traffic every step cost more than any stage's communication; design.md: a higher stage
-before offload), then the lowest ZeRO stage that fits (ZeRO-3 is the capacity option, paid for in
-communication), then no checkpointing before checkpointing, then the largest micro-batch. The
-``capacity`` policy takes the candidate that needs the least memory per GPU.
+Throughput first: the fitting candidate with the least predicted time per sample (the step-time
+model, step_time.py). Within ``TIE_TOLERANCE`` of the fastest, the ZeRO article's preferences
+decide: the least offload, no checkpointing before checkpointing, the lowest stage (ZeRO-2
+before ZeRO-1), then the largest micro-batch. The ``capacity`` policy takes the candidate that
+needs the least memory per GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 from service.core.advisor.models import PHASE_WORDS, Candidate, Policy, format_bytes
 
+# Plans predicted this close are a tie: below it the terms that differ between two plans on
+# one GPU (ZeRO-0's per-tensor overflow sync, a bucket copy) are smaller than the terms they
+# share, and the H200 runs' ZeRO-0/ZeRO-2 pairs differ by 0.7% and 5.1% (docs/advisor.md).
+TIE_TOLERANCE = 0.02
+
 
 def offload_level(candidate: Candidate) -> int:
     if candidate.offload_param == "cpu":
@@ -20,13 +25,32 @@ def offload_level(candidate: Candidate) -> int:
     return 1 if candidate.offload_optimizer == "cpu" else 0
 
 
-def throughput_key(candidate: Candidate) -> tuple[int, int, bool, int]:
+def seconds_per_sample(candidate: Candidate) -> float:
+    """Predicted time per sample; a stored plan without a prediction sorts by relative cost."""
+    if candidate.step_seconds is None:
+        return candidate.relative_cost
+    samples = candidate.micro_batch_size * candidate.gradient_accumulation_steps
+    return candidate.step_seconds / samples
+
+
+# Stages in the article's order, except that ZeRO-2 comes before ZeRO-1: it moves the same
+# bytes (the ZeRO paper: P_os+g communicates what data parallelism does) and holds less, so
+# ZeRO-1 never wins a tie against it (on one GPU the two are the same plan).
+STAGE_PREFERENCE = {0: 0, 2: 1, 1: 2, 3: 3}
+
+
+def preference_key(candidate: Candidate) -> tuple[int, bool, int, int]:
+    """The article's order, used between plans the time model cannot tell apart."""
     return (
         offload_level(candidate),
-        candidate.zero_stage,
         candidate.activation_checkpointing,
+        STAGE_PREFERENCE[candidate.zero_stage],
         -candidate.micro_batch_size,
     )
+
+
+def throughput_key(candidate: Candidate) -> tuple[float, tuple[int, bool, int, int]]:
+    return (seconds_per_sample(candidate), preference_key(candidate))
 
 
 def capacity_key(candidate: Candidate) -> tuple[int, float]:
@@ -34,39 +58,73 @@ def capacity_key(candidate: Candidate) -> tuple[int, float]:
 
 
 def choose(fitting: list[Candidate], policy: Policy) -> Candidate:
-    key = capacity_key if policy == "capacity" else throughput_key
-    return min(fitting, key=key)
+    if policy == "capacity":
+        return min(fitting, key=capacity_key)
+    fastest = min(seconds_per_sample(c) for c in fitting)
+    ties = [c for c in fitting if seconds_per_sample(c) <= fastest * (1.0 + TIE_TOLERANCE)]
+    return min(ties, key=lambda c: (preference_key(c), seconds_per_sample(c)))
 
 
 def explain(plan: Candidate, candidates: list[Candidate], policy: Policy, budget: int) -> str:
-    """One or two sentences: why this plan."""
+    """One or two sentences: why this plan, and the runner-up in numbers."""
     need = f"{format_bytes(plan.per_gpu_bytes.total)} of {format_bytes(budget)} usable per GPU"
     if policy == "capacity":
         return (
             f"The capacity policy takes the most memory-saving configuration: {plan.label()} "
             f"needs {need}."
         )
-    level = offload_level(plan)
-    lower = [c for c in candidates if c.zero_stage < plan.zero_stage and offload_level(c) == level]
-    qualifier = " without offload" if level == 0 else f" with {_OFFLOAD[level]}"
-    first = f"ZeRO-{plan.zero_stage} is the lowest stage that fits{qualifier} ({need}"
+    fastest = min(seconds_per_sample(c) for c in candidates if c.fits)
+    rank = "is the fastest plan" if seconds_per_sample(plan) <= fastest else "ties the fastest plan"
+    first = f"{describe(plan)} {rank} that fits, {_speed(plan)} predicted ({need}"
     first += f"{_at_peak(plan)})"
-    less_offload = [c for c in candidates if offload_level(c) < level]
-    if less_offload:
-        closest = min(less_offload, key=lambda c: c.per_gpu_bytes.total)
-        first = (
-            f"Nothing fits with less offload (the least needs "
-            f"{format_bytes(closest.per_gpu_bytes.total)}{_at_peak(closest)}); {first}"
-        )
-    if lower:
-        smallest = min(lower, key=lambda c: c.per_gpu_bytes.total)
+    others = [
+        c for c in candidates if c.fits and _family(c) != _family(plan) and not _same_speed(c, plan)
+    ]
+    if others:
+        runner = min(others, key=throughput_key)
+        first += f"; {describe(runner)} would be {_speed(runner)}"
+        if seconds_per_sample(runner) < seconds_per_sample(plan):
+            first += f" (within {TIE_TOLERANCE:.0%}, a tie the article's order breaks)"
+    faster = [c for c in candidates if not c.fits and throughput_key(c) < throughput_key(plan)]
+    if faster:
+        best = min(faster, key=throughput_key)
         first += (
-            f"; lower stages need at least {format_bytes(smallest.per_gpu_bytes.total)}"
-            f"{_at_peak(smallest)}"
+            f"; {describe(best)} would be {_speed(best)} but needs "
+            f"{format_bytes(best.per_gpu_bytes.total)}{_at_peak(best)}"
         )
-    extras = _extras(plan)
-    micro = plan.micro_batch_size
-    return f"{first}. It uses {extras}, and micro-batch {micro} is the largest that fits."
+    return f"{first}. Micro-batch {plan.micro_batch_size}, accumulation " + (
+        f"{plan.gradient_accumulation_steps}."
+    )
+
+
+def describe(candidate: Candidate) -> str:
+    """E.g. "ZeRO-2 without checkpointing", "ZeRO-3 with optimizer offload and checkpointing"."""
+    level = offload_level(candidate)
+    offload = f" with {_OFFLOAD[level]}" if level else ""
+    joint = " and" if level else " with"
+    checkpointing = f"{joint} checkpointing" if candidate.activation_checkpointing else ""
+    if not level and not candidate.activation_checkpointing:
+        checkpointing = " without checkpointing"
+    return f"ZeRO-{candidate.zero_stage}{offload}{checkpointing}"
+
+
+def _same_speed(a: Candidate, b: Candidate) -> bool:
+    """Predicted alike to 0.1% (ZeRO-1 and ZeRO-2 on one GPU): no news as a runner-up."""
+    return abs(seconds_per_sample(a) - seconds_per_sample(b)) <= 1e-3 * seconds_per_sample(b)
+
+
+def _family(candidate: Candidate) -> tuple[int, int, bool]:
+    return (candidate.zero_stage, offload_level(candidate), candidate.activation_checkpointing)
+
+
+def _speed(candidate: Candidate) -> str:
+    """E.g. "42.7k tokens/s"; a stored plan without a prediction gives its relative cost."""
+    rate = candidate.tokens_per_second
+    if rate is None:
+        return f"relative cost {candidate.relative_cost:.2f}"
+    if rate >= 1e6:
+        return f"{rate / 1e6:.2f}M tokens/s"
+    return f"{rate / 1e3:.1f}k tokens/s" if rate >= 1e3 else f"{rate:.0f} tokens/s"
 
 
 def _at_peak(candidate: Candidate) -> str:
@@ -75,14 +133,7 @@ def _at_peak(candidate: Candidate) -> str:
     return f", peak {PHASE_WORDS[phase]}" if phase else ""
 
 
-_OFFLOAD = {0: "no offload", 1: "optimizer offload to CPU", 2: "optimizer and parameter offload"}
-
-
-def _extras(plan: Candidate) -> str:
-    checkpointing = (
-        "activation checkpointing" if plan.activation_checkpointing else "no checkpointing"
-    )
-    return f"{_OFFLOAD[offload_level(plan)]} and {checkpointing}"
+_OFFLOAD = {0: "no offload", 1: "optimizer offload", 2: "optimizer and parameter offload"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +144,8 @@ class Replanning:
     1); ``must_save`` is what the next plan must need less than ``failed`` after correction (the
     bytes that were missing); ``budget`` caps the corrected need; ``tried`` are the identities of
     plans already run (see ``plan_identity``); ``on_host`` measures host memory per node instead
-    of the device.
+    of the device; ``at_initialize``: it failed inside deepspeed.initialize, so the correction
+    came from that phase's prediction and scales only it.
     """
 
     failed: Candidate
@@ -102,10 +154,21 @@ class Replanning:
     budget: int
     tried: frozenset[tuple[object, ...]]
     on_host: bool = False
+    at_initialize: bool = False
+    offload_budget: int | None = None  # the device budget of plans with optimizer offload
+
+    def budget_for(self, candidate: Candidate) -> int:
+        if offload_level(candidate) and self.offload_budget is not None:
+            return min(self.budget, self.offload_budget)
+        return self.budget
 
     def need(self, candidate: Candidate) -> int:
-        raw = candidate.cpu_bytes_per_node if self.on_host else candidate.per_gpu_bytes.total
-        return int(raw * self.correction)
+        if self.on_host:
+            return int(candidate.cpu_bytes_per_node * self.correction)
+        total = candidate.per_gpu_bytes.total
+        if self.at_initialize and candidate.initialize_bytes:
+            return max(int(candidate.initialize_bytes * self.correction), total)
+        return int(total * self.correction)
 
     def saving(self, candidate: Candidate) -> int:
         return self.need(self.failed) - self.need(candidate)
@@ -113,7 +176,7 @@ class Replanning:
     def acceptable(self, candidate: Candidate) -> bool:
         return (
             plan_identity(candidate) not in self.tried
-            and self.need(candidate) <= self.budget
+            and self.need(candidate) <= self.budget_for(candidate)
             and self.saving(candidate) >= max(self.must_save, 1)
         )
 

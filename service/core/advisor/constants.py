@@ -77,14 +77,36 @@ class Overhead:
 
 @dataclass(frozen=True)
 class Speeds:
-    """Rough throughput figures for the relative cost; only ratios matter."""
+    """The step-time model's constants (step_time.py); the hardware's own figures are in
+    hardware.py. ``H200-fitted``: solved from one run each (bench/advisor_fit_time.py);
+    ``code``: counted in the DeepSpeed 0.19.8 / torch source."""
 
-    device_flops: float = 4.0e14  # literature: H100 bf16 at ~40% utilisation
-    intra_node_bytes_per_s: float = 1.5e11  # literature: NVLink-class all-reduce bus bandwidth
-    inter_node_bytes_per_s: float = 2.5e10  # literature: 200 Gb/s InfiniBand per GPU
-    pcie_bytes_per_s: float = 2.0e10  # literature: PCIe 4.0 x16 in practice
-    cpu_adam_params_per_s: float = 1.0e9  # literature: DeepSpeedCPUAdam on a multi-core host
-    half_efficiency_tokens: float = 1024.0  # literature: tokens per micro-step at 50% utilisation
+    mfu_max: float = 0.6  # literature: dense bf16 training of Llama-class models, ~55-60% MFU
+    half_efficiency_tokens: float = 1024.0  # literature: tokens per micro-step at half of that
+    memory_efficiency: float = 0.8  # literature: elementwise kernels reach ~80% of HBM peak
+    # Host time to launch one transformer block's kernels once (forward = 1 pass, backward = 2,
+    # a recompute = 1): H200-fitted on llama-134m ZeRO-0 mb=1 s=1024 alone (80.2 ms a step)
+    host_seconds_per_block_pass: float = 1.87e-3
+    # Host time of one ZeRO-3 module hook (pre/post forward and backward of every module, each
+    # a fetch_sub_module/release_sub_module call, partitioned_param_coordinator.py), and of
+    # each parameter's gradient hook: H200-fitted on llama-134m ZeRO-3 mb=1 s=1024 alone
+    host_seconds_per_zero3_hook: float = 0.33e-3
+    # A device-to-host read of one scalar (launch, copy, synchronize); literature ~20-40 us.
+    # ZeRO-0's FP16_Optimizer pays one per gradient tensor (utils.py has_overflow_serial)
+    host_sync_seconds: float = 30e-6
+    # Bytes each element moves through device memory in the update (code): torch's foreach
+    # AdamW (weight decay, lerp, mul+addcmul, sqrt, div, add, addcdiv: 80), FusedAdam's one
+    # kernel (read p, g, m, v; write p, m, v: 28), SGD with momentum (20)
+    torch_adam_bytes: float = 80.0
+    fused_adam_bytes: float = 28.0
+    sgd_bytes: float = 20.0
+    # Around the update (code): 16-bit gradients to fp32 (6), the clip's norm and scale (12),
+    # fp32 back to 16-bit parameters (6), the flatten or bucket copies (8-12): ~36 on every path
+    wrapper_bytes: float = 36.0
+    # torch.optim.AdamW stepping on the host (torch_adam with offload): H200-fitted on
+    # llama-1.1b ZeRO-2+offload(opt)+ckpt mb=4 s=2048 (3.06 s a step, one neighbour)
+    host_torch_adam_params_per_s: float = 4.0e8  # 3.96e8 solved
+    host_cpu_adam_params_per_s: float = 1.0e9  # literature: DeepSpeedCPUAdam, multi-core host
 
 
 @dataclass(frozen=True)
@@ -98,4 +120,15 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
-DEFAULT_HEADROOM = 0.10  # keep 10% of the device free for spikes the model does not see
+# What the budget keeps free. Host memory and CPU ranks: a fixed 10% (the CPU grid's worst
+# error is +15.5%, the model errs on the safe side there). A GPU: the memory model's measured
+# error on the 44 H200 runs (bench/advisor_headroom.py): it never predicts more than 0.88 GiB
+# (llama-134m ZeRO-3 mb=1 s=1024, allocator segments) nor more than 0.32% (runs above 16 GiB)
+# below what the run really reserved, so a GPU keeps 1 GiB plus 1% free, or 10% where that is
+# less. Under optimizer offload the model's error is not smaller (3.9% and 8.4% on the two
+# offload runs), so those plans keep 10%. ``None`` as a headroom means this rule; a number is a
+# fixed share.
+FIXED_HEADROOM = 0.10
+GPU_ERROR_BYTES = GIB  # 0.88 GiB measured, rounded up
+GPU_ERROR_SHARE = 0.01  # 0.32% measured, x3 for shapes not measured
+DEFAULT_HEADROOM: float | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from service.core.advisor.hardware import DEFAULT_HARDWARE, Hardware
 from service.core.advisor.shape import ModelShape
 
 ARTICLE_BUCKET = 500_000_000  # the ZeRO article's starting point, also DeepSpeed's default
@@ -62,6 +63,7 @@ class Workload:
     nodes: int
     gpus_per_node: int
     on_cpu: bool  # ranks are CPU processes: "device" and host memory are the same RAM
+    hardware: Hardware = DEFAULT_HARDWARE  # the step-time model's device and links
 
     @cached_property
     def world_size(self) -> int:
@@ -74,6 +76,23 @@ class Workload:
     @cached_property
     def weight_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @cached_property
+    def forward_flops_per_token(self) -> tuple[float, float]:
+        """(whole model, blocks only) forward FLOPs per token: two per weight of every matmul,
+        the head's included, and the attention scores and mix (half under a causal kernel)."""
+        shape = self.shape
+        causal = 1.0 if shape.flash_attention else 2.0  # eager attention computes the masked half
+        attention = 2.0 * shape.layers * self.sequence_length * shape.attention_width * causal
+        active = shape.experts_per_token / shape.experts
+        blocks = 2.0 * shape.layers * shape.layer_params * active + attention
+        return blocks + 2.0 * shape.vocab * shape.hidden, blocks
+
+    @cached_property
+    def parameter_tensors(self) -> int:
+        shape = self.shape
+        outer = len(shape.first_tensors) + len(shape.last_tensors)
+        return outer + shape.layers * len(shape.block_tensors)
 
 
 def model_sized_knobs(parameters: int, stage: int) -> Knobs:

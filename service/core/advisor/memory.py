@@ -17,6 +17,7 @@ from functools import cache
 
 from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.gpu_memory import gpu_activation_bytes, gpu_step_transient
+from service.core.advisor.init_memory import initialize_tensor_bytes
 from service.core.advisor.layout import Layout, Workload
 from service.core.advisor.models import PeakPhase, PerGpuBytes
 from service.core.advisor.shape import ModelShape
@@ -43,6 +44,7 @@ class Prediction:
     per_gpu: PerGpuBytes
     cpu_bytes_per_node: int
     phase: PeakPhase  # where the peak is
+    initialize_bytes: int = 0  # the peak inside deepspeed.initialize, CUDA context included
 
 
 def predict_memory(
@@ -72,7 +74,51 @@ def predict_memory(
         overhead=overhead,
         total=dynamic + overhead,
     )
-    return Prediction(per_gpu, host_bytes_per_node(work, layout, host), phase)
+    first_step = params + optimizer + phases["step"].transient()
+    init = initialize_bytes(work, layout, params, first_step, calibration)
+    if init > per_gpu.total:  # the wrappers' flat copies outgrow every training phase
+        phase = "initialize"
+        per_gpu = initialize_breakdown(work, layout, params, init, calibration)
+    return Prediction(per_gpu, host_bytes_per_node(work, layout, host), phase, init)
+
+
+def initialize_breakdown(
+    work: Workload, layout: Layout, params: int, init: int, calibration: Calibration
+) -> PerGpuBytes:
+    """The initialize peak by what holds it: the fp32 master partition as the optimizer, the
+    flat 16-bit copies as temporaries, the CUDA context as overhead."""
+    context = calibration.overhead.gpu_context_bytes
+    master = 0 if layout.offload_optimizer else FP32 * partition(work.shape.parameters, work)
+    gradients, buckets = held_gradients(work, layout), held_bucket_bytes(work, layout)
+    rest = init - context - params - master - gradients - buckets
+    return PerGpuBytes.model_construct(
+        params=params,
+        gradients=gradients,
+        optimizer=master,
+        activations=0,
+        buffers=buckets,
+        temporaries=max(0, rest),
+        overhead=context,
+        total=init,
+    )
+
+
+def initialize_bytes(
+    work: Workload, layout: Layout, params: int, first_step: int, calibration: Calibration
+) -> int:
+    """The peak inside deepspeed.initialize with the CUDA context (0 on CPU ranks: not
+    measured there, and the CPU grid's peaks are training peaks)."""
+    if work.on_cpu:
+        return 0
+    tensors = initialize_tensor_bytes(
+        work,
+        layout,
+        params,
+        held_gradients(work, layout),
+        held_bucket_bytes(work, layout),
+        first_step,
+    )
+    return tensors + calibration.overhead.gpu_context_bytes
 
 
 def partition(numel: int, work: Workload) -> int:

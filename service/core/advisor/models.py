@@ -23,8 +23,9 @@ def format_bytes(nbytes: int) -> str:
 
 
 Policy = Literal["throughput", "capacity"]
-PeakPhase = Literal["forward", "backward", "step"]
+PeakPhase = Literal["initialize", "forward", "backward", "step"]
 PHASE_WORDS: dict[str, str] = {
+    "initialize": "inside deepspeed.initialize",
     "forward": "at the start of backward (activations)",
     "backward": "at the end of backward (gradients and buckets)",
     "step": "in the optimizer step",
@@ -67,6 +68,10 @@ class Candidate(BaseModel):
     relative_cost: float
     ds_config: dict[str, Any]
     peak_phase: PeakPhase | None = None  # where in a step the peak is; absent in older plans
+    # The step-time model's prediction (step_time.py); absent in older plans
+    step_seconds: float | None = None  # one optimizer step (all micro-steps and the update)
+    tokens_per_second: float | None = None  # the whole job's (every rank's) at that pace
+    initialize_bytes: int | None = None  # the peak inside deepspeed.initialize, context included
 
     def label(self) -> str:
         """A short human name, e.g. ``ZeRO-2 +offload(opt) +ckpt mb=4``."""

@@ -6,6 +6,13 @@ the cluster has is an error here, before any plan is made for hardware that does
 
 from __future__ import annotations
 
+from service.core.advisor.constants import (
+    DEFAULT_HEADROOM,
+    FIXED_HEADROOM,
+    GPU_ERROR_BYTES,
+    GPU_ERROR_SHARE,
+)
+from service.core.advisor.hardware import Hardware, hardware_for
 from service.core.advisor.layout import Workload
 from service.core.advisor.models import GIB
 from service.core.advisor.shape import resolve_shape
@@ -26,6 +33,19 @@ def build_workload(spec: JobSpec, profile: ClusterProfile) -> Workload:
         nodes=spec.resources.nodes,
         gpus_per_node=spec.resources.gpus_per_node,
         on_cpu=runs_on_cpu(profile),
+        hardware=profile_hardware(profile),
+    )
+
+
+def profile_hardware(profile: ClusterProfile) -> Hardware:
+    """The accelerator's spec-sheet figures, with those the profile sets itself."""
+    return hardware_for(
+        profile.accelerator,
+        peak_tflops=profile.peak_tflops,
+        memory_gb_per_s=profile.memory_gb_per_s,
+        intra_node_gb_per_s=profile.intra_node_gb_per_s,
+        inter_node_gb_per_s=profile.inter_node_gb_per_s,
+        pcie_gb_per_s=profile.pcie_gb_per_s,
     )
 
 
@@ -55,10 +75,27 @@ def check_resources(spec: JobSpec, profile: ClusterProfile) -> None:
         )
 
 
-def budget_bytes(profile: ClusterProfile, headroom: float) -> int:
-    """Usable bytes per GPU after the headroom kept free."""
-    return int(profile.gpu_memory_gib * GIB * (1.0 - headroom))
+def budget_bytes(
+    profile: ClusterProfile, headroom: float | None = DEFAULT_HEADROOM, *, offload: bool = False
+) -> int:
+    """Usable bytes per GPU after the headroom kept free (``None``: the measured margin; for a
+    plan with optimizer offload, whose measured error is larger, the fixed 10%)."""
+    capacity = int(profile.gpu_memory_gib * GIB)
+    if headroom is None:
+        return usable_device_bytes(capacity, runs_on_cpu(profile), offload=offload)
+    return int(capacity * (1.0 - headroom))
 
 
-def host_budget_bytes(profile: ClusterProfile, headroom: float) -> int:
-    return int(profile.cpu_memory_gib * GIB * (1.0 - headroom))
+def usable_device_bytes(capacity: int, on_cpu: bool = False, *, offload: bool = False) -> int:
+    """A device's bytes less the memory model's measured error (constants.py): 1 GiB plus 1%
+    on a GPU, or 10% where that is less; 10% on CPU ranks and under optimizer offload (the
+    model's error there, 8.4%, is not smaller)."""
+    fixed = FIXED_HEADROOM * capacity
+    if on_cpu or offload:
+        return int(capacity - fixed)
+    return int(capacity - min(fixed, GPU_ERROR_BYTES + GPU_ERROR_SHARE * capacity))
+
+
+def host_budget_bytes(profile: ClusterProfile, headroom: float | None = DEFAULT_HEADROOM) -> int:
+    share = FIXED_HEADROOM if headroom is None else headroom
+    return int(profile.cpu_memory_gib * GIB * (1.0 - share))

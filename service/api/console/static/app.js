@@ -543,7 +543,7 @@ function barChart(candidates, budget, top, isPlan, id) {
     return svg("g", { class: chosen ? "candidate chosen" : "candidate", opacity: c.fits ? 1 : 0.45, "data-fits": c.fits },
       svg("text", { x: L - 8, y: y + 12, "text-anchor": "end", "font-size": 12, "font-weight": chosen ? 700 : 400 }, `${chosen ? "▶ " : ""}${candidateLabel(c)}`),
       segs, chosen ? svg("rect", { x: L - 1, y: y - 1, width: x(c.per_gpu_bytes.total) - L + 2, height: 18, fill: "none", stroke: "#000", "stroke-width": 2 }) : null,
-      svg("text", { x: x(c.per_gpu_bytes.total) + 6, y: y + 12, "font-size": 11, fill: "#667085" }, `${fmtBytes(c.per_gpu_bytes.total)} · cost ${c.relative_cost.toFixed(2)}`));
+      svg("text", { x: x(c.per_gpu_bytes.total) + 6, y: y + 12, "font-size": 11, fill: "#667085" }, `${fmtBytes(c.per_gpu_bytes.total)} · ${c.tokens_per_second ? `${(c.tokens_per_second / 1000).toFixed(1)}k tokens/s predicted` : `cost ${c.relative_cost.toFixed(2)}`}`));
   });
   const line = !budget ? [] : budget <= top
     ? [svg("line", { x1: x(budget), x2: x(budget), y1: 0, y2: H - 14, stroke: "#000", "stroke-dasharray": "5 4", class: "budget" }),
