@@ -12,6 +12,11 @@ apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished
 Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
 GPUs per share unit first (recomputed after each admission, so two teams with equal shares
 alternate); then the oldest. Pure: the database layer gathers the inputs and applies the result.
+
+With borrowing on, a quota is a team's nominal share, not a wall: a job over it is admitted
+into idle capacity (the cluster's cap, or the sum of every team's quota where no cap is set),
+up to the team's borrow limit, and is marked as borrowing; ``service.core.preemption`` takes
+those GPUs back when their owner needs them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class Waiting:
     gpus: int
     priority: int
     submitted_at: datetime
+    preempted_by: frozenset[str] = frozenset()  # jobs that took its GPUs: never its victims
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,16 @@ class Limits:
     team_quota: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
     team_share: dict[str, int] = field(default_factory=dict)  # fair-share weight; absent: 1
     cluster_cap: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
+    borrowing: bool = False  # may a team run past its quota on GPUs no one else uses now
+    team_borrow_limit: dict[str, int | None] = field(default_factory=dict)  # absent: no limit
+
+    def capacity(self, cluster: str) -> int | None:
+        """The GPUs borrowers may fill: the cluster's cap, else every team's quota together
+        (None when some team has no quota: there is no nominal pool to lend from)."""
+        if (cap := self.cluster_cap.get(cluster)) is not None:
+            return cap
+        quotas = list(self.team_quota.values())
+        return sum(q for q in quotas if q is not None) if quotas and None not in quotas else None
 
 
 @dataclass
@@ -66,6 +82,7 @@ class Held:
 class Decision:
     admitted: list[str]  # job ids, in admission order
     waiting: dict[str, str]  # job id -> why it still waits, in words
+    borrowing: frozenset[str] = frozenset()  # admitted past their team's quota
 
 
 def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
@@ -74,8 +91,10 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     by_cluster = dict(held.by_cluster)
     queues = _queues_by_team(waiting)
     admitted: list[str] = []
+    borrowing: set[str] = set()
     reasons: dict[str, str] = {}
     blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
+    in_use = sum(held.by_team.values())  # for the nominal pool, where no cluster cap is set
 
     def order(job: Waiting) -> tuple[int, float, datetime, str]:
         share = max(limits.team_share.get(job.team, 1), 1)
@@ -91,16 +110,22 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
             reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
             continue
         if why := _over_quota(job, by_team, limits):
-            reasons[job.job_id] = why
-            continue
+            if limits.borrowing:
+                why = _cannot_borrow(job, by_team, by_cluster, in_use, limits)
+            if why:
+                reasons[job.job_id] = why
+                continue
+            borrowing.add(job.job_id)
         if why := _over_cap(job, by_cluster, limits):
             reasons[job.job_id] = why
             blocked.add(job.cluster)
+            borrowing.discard(job.job_id)
             continue
         admitted.append(job.job_id)
         by_team[job.team] = by_team.get(job.team, 0) + job.gpus
         by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
-    return Decision(admitted, reasons)
+        in_use += job.gpus
+    return Decision(admitted, reasons, frozenset(borrowing))
 
 
 def _queues_by_team(waiting: list[Waiting]) -> dict[str, deque[Waiting]]:
@@ -116,6 +141,30 @@ def _over_quota(job: Waiting, by_team: dict[str, int], limits: Limits) -> str | 
     held = by_team.get(job.team, 0)
     if quota is not None and held + job.gpus > quota:
         return f"team {job.team} holds {held} of its {quota}-GPU quota; this job needs {job.gpus}"
+    return None
+
+
+def _cannot_borrow(
+    job: Waiting, by_team: dict[str, int], by_cluster: dict[str, int], in_use: int, limits: Limits
+) -> str | None:
+    """Why a job over its team's quota may not borrow idle GPUs, or None when it may."""
+    quota = limits.team_quota.get(job.team) or 0
+    over = by_team.get(job.team, 0) + job.gpus - quota  # what the team would borrow with it
+    limit = limits.team_borrow_limit.get(job.team)
+    if limit is not None and over > limit:
+        return (
+            f"team {job.team} would borrow {over} GPUs past its {quota}-GPU quota with this job;"
+            f" its borrow limit is {limit}"
+        )
+    capacity = limits.capacity(job.cluster)
+    capped = limits.cluster_cap.get(job.cluster) is not None
+    used = by_cluster.get(job.cluster, 0) if capped else in_use
+    if capacity is None or used + job.gpus > capacity:
+        pool = f"{used} of {capacity} GPUs in use" if capacity is not None else "no pool to lend"
+        return (
+            f"team {job.team} holds {by_team.get(job.team, 0)} of its {quota}-GPU quota and no"
+            f" idle GPUs are left to borrow ({pool}); this job needs {job.gpus}"
+        )
     return None
 
 

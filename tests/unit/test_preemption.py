@@ -1,0 +1,123 @@
+"""Preemption: reclaiming lent quota, priority within a team, the smallest set, no loops."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from service.core.admission import Held, Limits, Waiting, admit
+from service.core.preemption import Policy, Running, choose_victims
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+QUOTAS = Limits(team_quota={"a": 4, "b": 4}, borrowing=True)  # a pool of 8 GPUs
+
+
+def waiting(job_id: str, team: str, gpus: int, priority: int = 50, **extra: object) -> Waiting:
+    return Waiting(job_id, team, "c", gpus, priority, NOW - timedelta(hours=1), **extra)  # type: ignore[arg-type]
+
+
+def running(
+    job_id: str,
+    team: str,
+    gpus: int = 1,
+    priority: int = 50,
+    borrowing: bool = False,
+    minutes: float = 60,
+    checkpoint_minutes_ago: float | None = None,
+) -> Running:
+    checkpoint = NOW - timedelta(minutes=checkpoint_minutes_ago) if checkpoint_minutes_ago else None
+    return Running(
+        job_id, team, "c", gpus, priority, borrowing, NOW - timedelta(minutes=minutes), checkpoint,
+        400 if checkpoint else None,
+    )  # fmt: skip
+
+
+def held_by(jobs: list[Running]) -> Held:
+    teams: dict[str, int] = {}
+    for job in jobs:
+        teams[job.team] = teams.get(job.team, 0) + job.gpus
+    return Held(by_team=teams, by_cluster={"c": sum(teams.values())})
+
+
+def test_idle_quota_is_lent_and_the_borrower_is_marked() -> None:
+    jobs = [waiting(f"b{i}", "b", 1) for i in range(8)]  # team a has nothing to run
+    decision = admit(jobs, Held(), QUOTAS)
+    assert len(decision.admitted) == 8
+    assert decision.borrowing == {"b4", "b5", "b6", "b7"}  # past b's 4-GPU quota
+
+
+def test_borrowing_stops_where_the_pool_is_full_or_the_limit_says() -> None:
+    limited = Limits(team_quota={"a": 4, "b": 4}, borrowing=True, team_borrow_limit={"b": 2})
+    decision = admit([waiting(f"b{i}", "b", 1) for i in range(8)], Held(), limited)
+    assert len(decision.admitted) == 6
+    assert "its borrow limit is 2" in decision.waiting["b6"]
+    full = admit([waiting("b9", "b", 1)], Held(by_team={"a": 3, "b": 5}), QUOTAS)
+    assert "no idle GPUs are left to borrow (8 of 8 GPUs in use)" in full.waiting["b9"]
+
+
+def test_the_owner_reclaims_the_borrowed_gpus_with_the_least_work_lost() -> None:
+    jobs = [running(f"b{i}", "b") for i in range(4)]
+    jobs += [
+        running("b4", "b", borrowing=True, checkpoint_minutes_ago=50),
+        running("b5", "b", borrowing=True, checkpoint_minutes_ago=2),
+        running("b6", "b", borrowing=True, checkpoint_minutes_ago=30),
+        running("b7", "b", borrowing=True, checkpoint_minutes_ago=5),
+    ]
+    job = waiting("a1", "a", 2)
+
+    preemption = choose_victims(job, jobs, held_by(jobs), QUOTAS, NOW)
+
+    assert preemption is not None
+    assert preemption.victims == ("b5", "b7")  # borrowers that lose 2 and 5 minutes
+    assert preemption.reasons["b5"] == (
+        "preempted by job a1 (priority 50, team a): team a reclaims GPUs of its quota that team"
+        " b borrows; a stop without a save would lose 2 min 0 s since its step-400 checkpoint"
+    )
+
+
+def test_a_job_inside_its_minimum_runtime_is_never_a_victim() -> None:
+    jobs = [running(f"b{i}", "b", borrowing=i >= 4, minutes=5 if i >= 4 else 60) for i in range(8)]
+    assert choose_victims(waiting("a1", "a", 2), jobs, held_by(jobs), QUOTAS, NOW) is None
+    later = choose_victims(waiting("a1", "a", 2), jobs, held_by(jobs), QUOTAS, NOW, Policy(60))
+    assert later is not None and len(later.victims) == 2
+
+
+def test_a_requeued_job_does_not_preempt_its_preemptor_back() -> None:
+    jobs = [running(f"a{i}", "a") for i in range(3)] + [running("a9", "a", priority=5)]
+    jobs += [running(f"b{i}", "b") for i in range(4)]
+    back = waiting("a5", "a", 1, priority=10, preempted_by=frozenset({"a9"}))
+    walls = Limits(team_quota={"a": 4, "b": 4})
+    assert choose_victims(back, jobs, held_by(jobs), walls, NOW) is None
+    fresh = choose_victims(waiting("a6", "a", 1, priority=10), jobs, held_by(jobs), walls, NOW)
+    assert fresh is not None and fresh.victims == ("a9",)  # any other job may stop a9
+
+
+def test_higher_priority_stops_lower_priority_of_its_own_team_only() -> None:
+    jobs = [running("a-low", "a", 4, priority=10), running("b-low", "b", 4, priority=10)]
+    limits = Limits(team_quota={"a": 4, "b": 4})  # no borrowing: quotas are walls
+    urgent = waiting("a-urgent", "a", 4, priority=90)
+
+    preemption = choose_victims(urgent, jobs, held_by(jobs), limits, NOW)
+
+    assert preemption is not None and preemption.victims == ("a-low",)
+    assert "it has priority 10, below the job's" in preemption.reasons["a-low"]
+    other = waiting("b-urgent", "b", 8, priority=90)  # over its own quota: b-low alone frees 4
+    assert choose_victims(other, jobs, held_by(jobs), limits, NOW) is None
+
+
+def test_across_teams_needs_the_operators_word() -> None:
+    jobs = [running("b-low", "b", 8, priority=10)]
+    limits = Limits(cluster_cap={"c": 8})
+    urgent = waiting("a-urgent", "a", 8, priority=90)
+    assert choose_victims(urgent, jobs, held_by(jobs), limits, NOW) is None
+    allowed = choose_victims(urgent, jobs, held_by(jobs), limits, NOW, Policy(across_teams=True))
+    assert allowed is not None and allowed.victims == ("b-low",)
+
+
+def test_the_set_is_the_smallest_that_frees_enough() -> None:
+    jobs = [running("big", "b", 4, borrowing=True, checkpoint_minutes_ago=1)]
+    jobs += [running(f"s{i}", "b", 1, borrowing=True, checkpoint_minutes_ago=2) for i in range(4)]
+    limits = Limits(cluster_cap={"c": 8}, team_quota={"a": 8, "b": 0}, borrowing=True)
+
+    preemption = choose_victims(waiting("a1", "a", 4), jobs, held_by(jobs), limits, NOW)
+
+    assert preemption is not None and preemption.victims == ("big",)
