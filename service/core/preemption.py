@@ -51,6 +51,10 @@ class Running:
 class Policy:
     min_runtime_s: float = DEFAULT_MIN_RUNTIME_S
     across_teams: bool = False  # priority preemption of other teams' jobs within their quota
+    # The Kueue-like baseline of bench/replay_week.py: the newest victims first, and a requeued
+    # job may stop its preemptor at once. zeropilot's own policy keeps both False.
+    newest_first: bool = False
+    allow_preempting_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,8 @@ def _within_quota(job: Waiting, held: Held, limits: Limits) -> bool:
 def _may_stop(
     job: Waiting, victim: Running, reclaiming: bool, limits: Limits, now: datetime, policy: Policy
 ) -> bool:
-    if victim.job_id in job.preempted_by:  # it took this job's GPUs: never straight back
-        return False
+    if victim.job_id in job.preempted_by and not policy.allow_preempting_back:
+        return False  # it took this job's GPUs: never straight back
     if (now - victim.started_at).total_seconds() < policy.min_runtime_s:
         return False
     if not _same_pool(job, victim, limits) and victim.team != job.team:
