@@ -33,6 +33,7 @@ from service.db.admission import admit_pending
 from service.db.migrate import upgrade
 from service.db.models import Attempt, Job
 from service.db.session import get_engine
+from service.db.transitions import move_job
 from service.db.users import create_user, user_by_token
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
@@ -49,7 +50,7 @@ from workers.backends import get_backend, kubernetes
 from workers.backends.base import BackendState, LaunchRequest, PermanentError, TemporaryError
 from workers.backends.kubernetes_render import master_port, render_job
 from workers.launch import launch_attempt
-from workers.reconcile import reconcile_attempt
+from workers.reconcile import cancel_attempt, reconcile_attempt
 
 NAME = "zp-tiny-gpt-0f3a9c21-a1"
 DS_CONFIG = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}
@@ -1196,6 +1197,28 @@ def test_the_worker_shows_why_the_controller_cannot_create_a_pod(
     waiting = wait_until(recorded)  # what `zeropilot status --json` shows for the attempt
     assert "exceeded quota: team-ml" in (waiting.failure_message or "")
     assert load(settings, job_id, attempt_id)[0].status == JobStatus.LAUNCHING
+
+
+def test_the_worker_records_a_cancel_as_cancelled_once_the_job_is_gone(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    launch_attempt(settings, attempt_id)
+    started(kubelet, ns, name=load(settings, job_id, attempt_id)[1].backend_name)
+    reconcile_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:  # what POST .../cancel does
+        job = session.get(Job, job_id)
+        assert job is not None and job.status == JobStatus.RUNNING
+        move_job(session, job, JobStatus.active(), JobStatus.CANCELLED, "cancelled by alice")
+        session.commit()
+
+    cancel_attempt(settings, attempt_id)
+    wait_until(lambda: everything(api, ns) == [[]] * 4)  # gone: poll alone would say LOST
+    reconcile_attempt(settings, attempt_id)
+    job, attempt = load(settings, job_id, attempt_id)
+
+    assert (job.status, attempt.status) == (JobStatus.CANCELLED, AttemptStatus.CANCELLED)
 
 
 def queued_kubernetes_job(
