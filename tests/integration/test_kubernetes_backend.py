@@ -602,7 +602,7 @@ def test_a_running_job_its_queue_suspends_waits_and_resumes_without_failing(
     first = started(kubelet, ns)
     poll_until(profile, ref, BackendState.RUNNING)
     # As a real kubelet may: the stopped pods stay Failed, with their exit code, for seconds.
-    kubelet.stop_exit_code, kubelet.hold_stopped_s = stop_exit, 8.0
+    kubelet.stop_exit_code, kubelet.hold_stopped_s = stop_exit, 12.0
 
     suspend(api, ns, True)  # preempted, to make room for another workload
     wait_until(lambda: stopped_and_held(api, ns, first, stop_exit))
@@ -979,7 +979,7 @@ def test_cancel_deletes_the_job_its_pods_and_everything_it_owns(
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
     started(kubelet, ns)
-    kubelet.hold_stopped_s = 3.0  # as a real kubelet: the stopped pods go after a while
+    kubelet.hold_stopped_s = 5.0  # as a real kubelet: the stopped pods go after a while
 
     kubernetes.cancel(profile, ref)
     going = polls_for(profile, ref, seconds=2)
