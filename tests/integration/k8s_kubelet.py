@@ -5,7 +5,10 @@ Node objects that advertise GPUs (Ready, untainted, their kubelet endpoint on a 
 serves container logs over HTTPS on that port the way a kubelet does (the API server proxies
 ``pods/log`` there), and lets tests move pods through Running to an exit code, as a kubelet
 would report them in ``pods/status``. In the background it finishes graceful deletions of pods
-on its nodes (a kubelet confirms them once the containers are stopped: exit 143 after SIGTERM).
+on its nodes as a kubelet does: it reports the stopped container (exit 143 after SIGTERM by
+default) and the pod's terminal phase first, and deletes the pod for good only after
+``hold_stopped_s`` (a real kubelet tears down volumes and the sandbox in between, seconds on a
+busy node; 0 by default).
 Everything else (validation, quotas, the Job controller, scheduling, garbage collection) is the
 real control plane's.
 """
@@ -56,6 +59,9 @@ class FakeKubelet:
         self.gpus = gpus
         self.logs: dict[tuple[str, str], str] = {}
         self.finish_deletions = True
+        self.stop_exit_code = SIGTERM_EXIT  # how a stopped trainer ends (DeepSpeed's launch: 1)
+        self.hold_stopped_s = 0.0  # how long a stopped pod stays Failed before its final delete
+        self._stopped_at: dict[str, float] = {}  # pod uid → when its container was stopped
         self._stopping = threading.Event()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(certs / "serving.crt", certs / "serving.key")
@@ -222,9 +228,13 @@ class FakeKubelet:
                 continue
             namespace, name = metadata["namespace"], metadata["name"]
             if pod["status"].get("phase") not in ("Succeeded", "Failed"):
-                self.exit(namespace, name, SIGTERM_EXIT, message="stopped by the kubelet")
+                self.exit(namespace, name, self.stop_exit_code, message="stopped by the kubelet")
+            stopped_at = self._stopped_at.setdefault(metadata["uid"], time.monotonic())
+            if time.monotonic() - stopped_at < self.hold_stopped_s:
+                continue  # the terminal status is out; volumes and sandbox still going
             self.api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}",
                             params={"gracePeriodSeconds": 0})  # fmt: skip
+            self._stopped_at.pop(metadata["uid"], None)
 
 
 @contextlib.contextmanager

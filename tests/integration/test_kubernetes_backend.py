@@ -33,18 +33,24 @@ from service.db.admission import admit_pending
 from service.db.migrate import upgrade
 from service.db.models import Attempt, Job
 from service.db.session import get_engine
+from service.db.transitions import move_job
 from service.db.users import create_user, user_by_token
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
 from tests.integration.helpers import REPO, tiny_spec
 from tests.integration.k8s_control_plane import ControlPlane, write_kubeconfig
-from tests.integration.k8s_kubelet import FakeKubelet, kubelet_view, socket_closed_port
+from tests.integration.k8s_kubelet import (
+    SIGTERM_EXIT,
+    FakeKubelet,
+    kubelet_view,
+    socket_closed_port,
+)
 from tests.integration.k8s_loopback import ApiError, loopback_api_server
 from workers.backends import get_backend, kubernetes
 from workers.backends.base import BackendState, LaunchRequest, PermanentError, TemporaryError
 from workers.backends.kubernetes_render import master_port, render_job
 from workers.launch import launch_attempt
-from workers.reconcile import reconcile_attempt
+from workers.reconcile import cancel_attempt, reconcile_attempt
 
 NAME = "zp-tiny-gpt-0f3a9c21-a1"
 DS_CONFIG = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}
@@ -82,6 +88,8 @@ def kubelet(plane: ControlPlane) -> Iterator[FakeKubelet]:
     plane.kubelet.finish_deletions = True
     yield plane.kubelet
     plane.kubelet.finish_deletions = True
+    plane.kubelet.stop_exit_code = SIGTERM_EXIT
+    plane.kubelet.hold_stopped_s = 0.0
 
 
 @pytest.fixture
@@ -541,6 +549,136 @@ def test_a_job_waiting_in_its_kueue_queue_is_pending_until_admitted(
     assert running.state == BackendState.RUNNING
 
 
+def suspend(api: httpx.Client, ns: str, value: bool, name: str = NAME) -> None:
+    """What Kueue does to admit (False) or preempt (True) a workload; zeropilot's gang timeout
+    does the same."""
+    api.patch(f"{RESOURCES['jobs'].format(ns=ns)}/{name}", json={"spec": {"suspend": value}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+
+
+def stopped_and_held(api: httpx.Client, ns: str, pods: list[str], code: int) -> bool:
+    """Whether every pod in ``pods`` is Failed with the trainer's ``code`` and not yet gone, and
+    the Job controller has seen them so (it counts none of its pods as terminating)."""
+    for name in pods:
+        response = api.get(f"{RESOURCES['pods'].format(ns=ns)}/{name}")
+        assert response.is_success, f"pod {name} gone before the test saw it stopped"
+        status = response.json()["status"]
+        terminated = (status.get("containerStatuses") or [{}])[0].get("state", {}).get("terminated")
+        if status.get("phase") != "Failed" or (terminated or {}).get("exitCode") != code:
+            return False
+    return read(api, ns, "jobs", NAME)["status"].get("terminating") == 0
+
+
+def tracking_finalizer(api: httpx.Client, ns: str, pod: str) -> bool:
+    """Whether the Job controller still counts the pod (its tracking finalizer is on it)."""
+    found = api.get(f"{RESOURCES['pods'].format(ns=ns)}/{pod}")
+    assert found.is_success, found.text
+    return "batch.kubernetes.io/job-tracking" in (found.json()["metadata"].get("finalizers") or [])
+
+
+def polls_for(profile: ClusterProfile, ref: str, seconds: float) -> list[Any]:
+    """Every status ``poll`` gives over ``seconds``, a few per second, as the reconcile would."""
+    statuses, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        statuses.append(kubernetes.poll(profile, ref))
+        time.sleep(0.3)
+    return statuses
+
+
+def ending_conditions(api: httpx.Client, ns: str) -> list[str]:
+    conditions = read(api, ns, "jobs", NAME)["status"].get("conditions") or []
+    ending = {"Failed", "FailureTarget", "Complete", "SuccessCriteriaMet"}
+    return [c["type"] for c in conditions if c["type"] in ending and c["status"] == "True"]
+
+
+@pytest.mark.parametrize("stop_exit", [SIGTERM_EXIT, 1])  # 1: DeepSpeed's launch on SIGTERM
+def test_a_running_job_its_queue_suspends_waits_and_resumes_without_failing(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    stop_exit: int,
+) -> None:  # fmt: skip
+    profile = k8s_profile(plane.kubeconfig, namespace=ns, queue="team-ml")
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    suspend(api, ns, False)  # admitted
+    first = started(kubelet, ns)
+    poll_until(profile, ref, BackendState.RUNNING)
+    # As a real kubelet may: the stopped pods stay Failed, with their exit code, for seconds.
+    kubelet.stop_exit_code, kubelet.hold_stopped_s = stop_exit, 12.0
+
+    suspend(api, ns, True)  # preempted, to make room for another workload
+    wait_until(lambda: stopped_and_held(api, ns, first, stop_exit))
+    released = [tracking_finalizer(api, ns, pod) for pod in first]
+    while_held = polls_for(profile, ref, seconds=2)
+    conditions = ending_conditions(api, ns)
+    suspend(api, ns, False)  # admitted again, while the stopped pods are still there
+    second = kubelet.wait_for_pods(ns, NAME, 2, scheduled=0)  # live ones: new
+    resumed = kubernetes.poll(profile, ref)
+    lingering = [p for p in first if api.get(f"{RESOURCES['pods'].format(ns=ns)}/{p}").is_success]
+    kubelet.wait_for_pods(ns, NAME, 2)
+    kubelet.run(ns, *second)
+    running = poll_until(profile, ref, BackendState.RUNNING)
+    for pod in second:
+        kubelet.exit(ns, pod, 0)
+    done = poll_until(profile, ref, BackendState.SUCCEEDED)
+
+    assert conditions == []  # the Job controller did not fail the suspended Job
+    assert released == [False, False]  # it let go of the pods it stopped: it counts none
+    assert {(s.state, s.native_state, s.reason) for s in while_held} == {
+        (BackendState.PENDING, "Suspended", "waiting in queue team-ml")
+    }
+    assert not set(second) & set(first)  # new pods for both indexes
+    assert lingering  # the stopped pods were still there when the new ones came
+    assert resumed.state == BackendState.PENDING  # and they do not count as running
+    assert running.state == BackendState.RUNNING
+    assert done.node_exit_codes == {0: 0, 1: 0}
+
+
+def test_a_gang_timeout_stops_started_pods_and_retries_without_failing_the_job(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path
+) -> None:
+    profile = k8s_profile(plane.kubeconfig, namespace=ns, gang_timeout_s=2)
+    ref = kubernetes.submit(launch_request(tmp_path, profile, nodes=3))
+    kubelet.wait_for_pods(ns, NAME, 3, scheduled=2)
+    placed = [p["metadata"]["name"] for p in kubelet.pods(ns, NAME) if p["spec"].get("nodeName")]
+    kubelet.run(ns, *placed)  # their containers start and wait for the third rank
+    kubelet.hold_stopped_s = 6.0
+
+    suspended = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "GangTimeout" and s
+    )
+    wait_until(lambda: stopped_and_held(api, ns, placed, SIGTERM_EXIT))
+    while_held = polls_for(profile, ref, seconds=2)
+    conditions = ending_conditions(api, ns)
+    retried = wait_until(
+        lambda: (s := kubernetes.poll(profile, ref)).native_state == "GangRetry" and s, timeout_s=15
+    )
+    again = kubelet.wait_for_pods(ns, NAME, 3, scheduled=2, timeout_s=30)
+
+    assert "2 of 3 pods held GPUs for 2 s" in suspended.reason
+    assert conditions == []
+    assert {s.state for s in while_held} == {BackendState.PENDING}  # GangTimeout, then retried
+    assert retried.state == BackendState.PENDING
+    assert not set(again) & set(placed)  # a new gang, all three pods created again
+
+
+@pytest.mark.parametrize("code", [1, SIGTERM_EXIT])
+def test_a_trainer_exiting_non_zero_still_fails_the_job_while_stopped_pods_linger(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path,
+    code: int,
+) -> None:  # fmt: skip
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    _first, second = started(kubelet, ns)
+    kubelet.hold_stopped_s = 4.0
+    kubelet.set_log(ns, second, "KeyError: 'input_ids'\n")
+
+    kubelet.exit(ns, second, code)
+    status = poll_until(profile, ref, BackendState.FAILED)
+
+    # Counted by backoffLimit 0 (no rule matches it): the Job fails as it did with the rule.
+    assert status.reason.startswith("BackoffLimitExceeded: Job has reached the specified")
+    assert (status.exit_code, status.node_exit_codes[1]) == (code, code)
+    assert status.failure_class() == FailureClass.USER_ERROR
+
+
 def test_a_pod_the_server_refuses_is_a_launch_error_with_the_controllers_words(
     api: httpx.Client, ns: str, profile: ClusterProfile, tmp_path: Path
 ) -> None:
@@ -555,20 +693,58 @@ def test_a_pod_the_server_refuses_is_a_launch_error_with_the_controllers_words(
     wait_until(lambda: everything(api, ns) == [[]] * 4)  # the Job is deleted
 
 
-def test_a_gpu_quota_that_admits_one_pod_of_two_is_pending_with_the_quota_message(
+def hold_gpus(api: httpx.Client, ns: str, name: str, gpus: int) -> None:
+    """A pod of another team's that asks for ``gpus`` GPUs, counted by the namespace's quota."""
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    pod = {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "resources": resources}]},
+    }
+    assert api.post(RESOURCES["pods"].format(ns=ns), json=pod).is_success
+
+
+def test_a_gpu_quota_smaller_than_the_whole_job_is_a_launch_error_and_deletes_it(
     api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
+    # Room for one pod of 8 GPUs, and the Job needs two: its own pod 0 fills the quota.
     quota(api, ns, {"requests.nvidia.com/gpu": "8"})
     ref = kubernetes.submit(launch_request(tmp_path, profile))
     kubelet.wait_for_pods(ns, NAME, 1)
 
-    status = wait_until(
+    status = poll_until(profile, ref, BackendState.FAILED)
+
+    assert status.native_state == "FailedCreate"
+    assert (
+        "its 2 pods need 2 x requests.nvidia.com/gpu=8, more than the quota's hard limit "
+        "requests.nvidia.com/gpu=8" in status.reason
+    )
+    assert "exceeded quota: team-ml" in status.reason  # the controller's words follow
+    assert status.failure_class() == FailureClass.LAUNCH_ERROR
+    wait_until(lambda: everything(api, ns) == [[]] * 4)  # pod 0 no longer holds the quota
+
+
+def test_a_job_that_fits_the_quota_waits_while_another_holds_it_then_starts(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    quota(api, ns, {"requests.nvidia.com/gpu": "16"})
+    hold_gpus(api, ns, "other-team", 8)  # someone else's pod holds 8 of the 16
+    ref = kubernetes.submit(launch_request(tmp_path, profile))
+    kubelet.wait_for_pods(ns, NAME, 1)
+
+    waiting = wait_until(
         lambda: (s := kubernetes.poll(profile, ref)).native_state == "FailedCreate" and s
     )
+    api.delete(f"{RESOURCES['pods'].format(ns=ns)}/other-team")
+    # The Job controller tries again (with backoff) once the quota controller saw it released.
+    kubelet.wait_for_pods(ns, NAME, 2, timeout_s=90)
+    created = kubernetes.poll(profile, ref)
 
-    assert status.state == BackendState.PENDING
-    assert "exceeded quota: team-ml" in status.reason
-    assert "requested: requests.nvidia.com/gpu=8" in status.reason
+    assert waiting.state == BackendState.PENDING
+    assert "waiting for quota" in waiting.reason
+    assert "exceeded quota: team-ml" in waiting.reason
+    assert "used: requests.nvidia.com/gpu=16, limited: requests.nvidia.com/gpu=16" in waiting.reason
+    assert (created.state, created.native_state) != (BackendState.FAILED, "FailedCreate")
+    assert created.state == BackendState.PENDING  # both pods now, their containers starting
 
 
 def test_a_gpu_quota_smaller_than_one_pod_is_a_launch_error(
@@ -668,6 +844,8 @@ def test_an_evicted_pod_is_a_lost_node_after_it_is_gone(
     assert "has condition DisruptionTarget" in condition["message"]
     assert (status.state, status.native_state) == (BackendState.FAILED, "DisruptionTarget")
     assert f"Pod {ns}/{second} has condition DisruptionTarget" in status.reason
+    assert "node 1: disrupted, no exit code" in status.reason
+    assert "node 0, 1" not in status.reason and "node 1: no exit code" not in status.reason
     assert status.failure_class() == FailureClass.NODE_LOST
 
 
@@ -798,11 +976,13 @@ def test_cancel_deletes_the_job_its_pods_and_everything_it_owns(
 ) -> None:
     ref = kubernetes.submit(launch_request(tmp_path, profile))
     started(kubelet, ns)
+    kubelet.hold_stopped_s = 5.0  # as a real kubelet: the stopped pods go after a while
 
     kubernetes.cancel(profile, ref)
-    going = kubernetes.poll(profile, ref)
+    going = polls_for(profile, ref, seconds=2)
 
-    assert going.state.terminal
+    # Meanwhile the Job controller sees the stopped pods fail; the deletion explains them.
+    assert {(s.state, s.native_state) for s in going} == {(BackendState.CANCELLED, "CANCELLED")}
     wait_until(lambda: everything(api, ns) == [[]] * 4)
     kubernetes.cancel(profile, ref)  # cancelling what is gone is a no-op
     assert kubernetes.poll(profile, ref).state.terminal
@@ -999,7 +1179,8 @@ def test_the_worker_shows_why_the_controller_cannot_create_a_pod(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
-    quota(api, ns, {"requests.nvidia.com/gpu": "8"})  # one pod of two
+    quota(api, ns, {"requests.nvidia.com/gpu": "16"})  # the whole Job fits
+    hold_gpus(api, ns, "other-team", 8)  # but another pod holds half of it today
 
     launch_attempt(settings, attempt_id)
     _job, attempt = load(settings, job_id, attempt_id)
@@ -1013,6 +1194,28 @@ def test_the_worker_shows_why_the_controller_cannot_create_a_pod(
     waiting = wait_until(recorded)  # what `zeropilot status --json` shows for the attempt
     assert "exceeded quota: team-ml" in (waiting.failure_message or "")
     assert load(settings, job_id, attempt_id)[0].status == JobStatus.LAUNCHING
+
+
+def test_the_worker_records_a_cancel_as_cancelled_once_the_job_is_gone(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    launch_attempt(settings, attempt_id)
+    started(kubelet, ns, name=load(settings, job_id, attempt_id)[1].backend_name)
+    reconcile_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:  # what POST .../cancel does
+        job = session.get(Job, job_id)
+        assert job is not None and job.status == JobStatus.RUNNING
+        move_job(session, job, JobStatus.active(), JobStatus.CANCELLED, "cancelled by alice")
+        session.commit()
+
+    cancel_attempt(settings, attempt_id)
+    wait_until(lambda: everything(api, ns) == [[]] * 4)  # gone: poll alone would say LOST
+    reconcile_attempt(settings, attempt_id)
+    job, attempt = load(settings, job_id, attempt_id)
+
+    assert (job.status, attempt.status) == (JobStatus.CANCELLED, AttemptStatus.CANCELLED)
 
 
 def queued_kubernetes_job(

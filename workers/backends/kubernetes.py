@@ -64,11 +64,13 @@ from workers.backends.kubernetes_status import (
     Json,
     active_status,
     completions,
+    deleted_before_ending,
     failed_status,
     launch_error,
     newest_by_index,
     node_exit_codes,
     pods_missing,
+    still_tracked,
     terminated_state,
     true_conditions,
 )
@@ -151,29 +153,46 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     except NotFoundError:
         reason = f"the Job {ref} no longer exists (deleted outside zeropilot)"
         return BackendStatus(BackendState.LOST, native_state="NotFound", reason=reason)
+    if deleted_before_ending(job):  # what the Job controller adds now is the deletion's doing
+        reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
+        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
     every_pod = _job_pods(core, namespace, name)
+    return _ended(core, job, every_pod) or _not_ended(
+        batch, core, profile, job, still_tracked(every_pod)
+    )
+
+
+def _ended(core: Any, job: Json, every_pod: list[Json]) -> BackendStatus | None:
+    """SUCCEEDED or FAILED, with each node's exit code and the telling pod's log tail."""
     pods = newest_by_index(every_pod)
     conditions = true_conditions(job)
     exit_codes = node_exit_codes(pods)
+    namespace = job["metadata"]["namespace"]
     if conditions.keys() & {"Complete", "SuccessCriteriaMet"}:
         tail = _log_tail(core, namespace, pods.get(0))
         return BackendStatus(
             BackendState.SUCCEEDED, 0, "Complete", log_tail=tail, node_exit_codes=exit_codes
         )
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
-    if failed is not None:
-        status, culprit = failed_status(failed, pods, exit_codes, completions(job))
-        status.log_tail = _log_tail(core, namespace, culprit)
-        return status
+    if failed is None:
+        return None
+    status, culprit = failed_status(failed, pods, exit_codes, job)
+    status.log_tail = _log_tail(core, namespace, culprit)
+    return status
+
+
+def _not_ended(
+    batch: Any, core: Any, profile: ClusterProfile, job: Json, every_pod: list[Json]
+) -> BackendStatus:
+    """Why the Job waits, or that it runs; a launch that can never start is ended here."""
+    pods = newest_by_index(every_pod)
     cannot_start = launch_error(pods)
     if cannot_start is None and pods_missing(job, pods):
-        cannot_start = failed_create(_job_events(core, job))
+        cannot_start = failed_create(_job_events(core, job), completions(job))
     if cannot_start is not None and cannot_start.state == BackendState.FAILED:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         _delete_attempt(batch, core, namespace, name)  # else its pods hold their nodes for ever
         return cannot_start
-    if job["metadata"].get("deletionTimestamp"):
-        reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
-        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
     return (
         cannot_start
         or _gang_step(batch, profile, job, pods)

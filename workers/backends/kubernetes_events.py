@@ -2,9 +2,10 @@
 
 When the API server refuses a pod the Job controller tries to create (a quota, a pod-level
 validation rule that a Job's template does not meet, an admission policy), the only record is
-an event on the Job. A refusal that no wait can cure (the pod is invalid, forbidden, or asks for
-more of a resource than the quota's hard limit) fails the attempt; a quota that other jobs fill
-today leaves it PENDING with the quota's words. Pure: the caller lists the events.
+an event on the Job. A refusal that no wait can cure (the pod is invalid, forbidden, or the
+Job's pods together ask for more of a resource than the quota's hard limit) fails the attempt;
+a quota that other jobs fill today leaves it PENDING with the quota's words. Pure: the caller
+lists the events.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ _PERMANENT = ("is invalid", "is forbidden")
 _PASSING = ("error looking up service account",)
 
 
-def failed_create(events: list[Json]) -> BackendStatus | None:
-    """The newest FailedCreate event as a status: FAILED when permanent, else PENDING."""
+def failed_create(events: list[Json], pods: int) -> BackendStatus | None:
+    """The newest FailedCreate event of a Job of ``pods`` pods as a status: FAILED when
+    permanent, else PENDING."""
     refusals = [e for e in events if e.get("reason") == FAILED_CREATE]
     if not refusals:
         return None
     newest = max(refusals, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     message = str(newest.get("message") or "")
     if _QUOTA.search(message):
-        permanent = quota_never_fits(message)
-        why = "more than the quota's hard limit" if permanent else "waiting for quota"
+        overflow = quota_overflow(message, pods)
+        permanent = overflow is not None
+        why = overflow or "waiting for quota"
     else:
         permanent = any(w in message for w in _PERMANENT) and not any(
             w in message for w in _PASSING
@@ -51,22 +54,30 @@ def failed_create(events: list[Json]) -> BackendStatus | None:
     return BackendStatus(state, native_state=FAILED_CREATE, reason=reason)
 
 
-def quota_never_fits(message: str) -> bool:
-    """Whether one pod asks for more of a resource than the quota allows in all."""
+def quota_overflow(message: str, pods: int) -> str | None:
+    """Why a Job of ``pods`` pods, each asking what the quota refusal says one pod asks, can
+    never fit the quota's hard limit, in words; None when it would fit once others release
+    theirs. Every pod of the gang must run at once, so the whole Job's request counts."""
     found = _QUOTA.search(message)
     if found is None:
-        return False
+        return None
     requested, limited = _amounts(found["requested"]), _amounts(found["limited"])
-    return any(amount > limited[name] for name, amount in requested.items() if name in limited)
+    for name, (text, amount) in requested.items():
+        if name in limited and amount * pods > limited[name][1]:
+            return (
+                f"its {pods} pods need {pods} x {name}={text}, more than the quota's hard "
+                f"limit {name}={limited[name][0]}"
+            )
+    return None
 
 
-def _amounts(text: str) -> dict[str, Decimal]:
-    """``requests.nvidia.com/gpu=8,requests.memory=512Gi`` as numbers."""
+def _amounts(text: str) -> dict[str, tuple[str, Decimal]]:
+    """``requests.nvidia.com/gpu=8,requests.memory=512Gi`` as written and as numbers."""
     amounts = {}
     for pair in text.split(","):
         name, _, value = pair.strip().partition("=")
         if (number := quantity(value)) is not None:
-            amounts[name] = number
+            amounts[name] = (value.strip(), number)
     return amounts
 
 

@@ -211,15 +211,19 @@ def checked_name(request: LaunchRequest) -> str:
 
 
 def _pod_failure_rules() -> list[dict[str, Any]]:
+    """Preempted, evicted, its node drained or lost: the Job fails, recorded as a disruption.
+
+    No rule on exit codes: the Job controller matches FailJob rules against every pod it still
+    sees, those it stopped because the Job was suspended too (a queue's preemption, the gang
+    timeout), and a stopped trainer exits non-zero (143, or 1 from DeepSpeed's launcher). A
+    non-zero exit fails the Job through ``backoffLimit: 0`` instead, which counts only pods
+    still carrying the controller's tracking finalizer; it removes that from the pods it stops
+    for a suspension before deleting them.
+    """
     return [
-        # Preempted, evicted, its node drained or lost: recorded as such, not as an exit code.
         {
             "action": "FailJob",
             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-        },
-        {
-            "action": "FailJob",
-            "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]},
         },
     ]
 

@@ -17,6 +17,7 @@ from workers.backends.kubernetes_render import CONTAINER
 Json = dict[str, Any]
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"  # the Job controller's, on its pods
 # Container waiting reasons that no wait will cure: the image or the container config is wrong.
 LAUNCH_ERRORS = frozenset(
     {
@@ -31,10 +32,11 @@ LAUNCH_ERRORS = frozenset(
 POD_IN_MESSAGE = re.compile(r"\b[Pp]od [a-z0-9-]+/([a-z0-9.-]+)")
 # The Job controller's words when its DisruptionTarget rule fired; the pod itself is gone by then.
 DISRUPTION_IN_MESSAGE = re.compile(
-    r"\b[Pp]od [a-z0-9-]+/[a-z0-9.-]+ has condition DisruptionTarget"
+    r"\b[Pp]od [a-z0-9-]+/(?P<pod>[a-z0-9.-]+) has condition DisruptionTarget"
 )
 SIGTERM_EXIT = 143  # how a rank ends when the Job controller stops the pods after a failure
 STARTED = frozenset({"Running", "Succeeded", "Failed"})
+ENDINGS = frozenset({"Complete", "SuccessCriteriaMet", "Failed", "FailureTarget"})
 
 
 def newest_by_index(pods: list[Json]) -> dict[int, Json]:
@@ -48,6 +50,28 @@ def newest_by_index(pods: list[Json]) -> dict[int, Json]:
         if known is None or created_at(pod) >= created_at(known):
             by_index[index] = pod
     return by_index
+
+
+def still_tracked(pods: list[Json]) -> list[Json]:
+    """The pods the Job controller still counts. Those it stops because the Job was suspended
+    lose its tracking finalizer before it deletes them, and linger (Failed, their exit code in
+    place) until their kubelet confirms the delete, maybe after the Job was resumed."""
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        or TRACKING_FINALIZER in (p["metadata"].get("finalizers") or [])
+    ]
+
+
+def deleted_before_ending(job: Json) -> bool:
+    """Whether the Job is being deleted and had not ended when that began: the conditions the
+    Job controller adds while the garbage collector stops its pods come from the deletion."""
+    deleted = str(job["metadata"].get("deletionTimestamp") or "")
+    if not deleted:
+        return False
+    ended = [c for kind, c in true_conditions(job).items() if kind in ENDINGS]
+    return not any(str(c.get("lastTransitionTime") or "") < deleted for c in ended)
 
 
 def completion_index(pod: Json) -> int | None:
@@ -202,8 +226,18 @@ def pending_reason(pod: Json) -> tuple[str, str]:
     return phase, phase
 
 
+def disrupted_index(job_name: str, message: str, disrupted: Json | None) -> int | None:
+    """The node whose pod was disrupted: that pod's index, or, the pod gone, the index in the
+    name the Job's message gives it (the Job controller names pods ``<job>-<index>-<suffix>``)."""
+    if disrupted is not None:
+        return completion_index(disrupted)
+    found = DISRUPTION_IN_MESSAGE.search(message)
+    named = found and re.fullmatch(rf"{re.escape(job_name)}-(\d+)-[a-z0-9]+", found["pod"])
+    return int(named[1]) if named else None
+
+
 def failed_status(
-    failed: Json, pods: dict[int, Json], exit_codes: dict[int, int], nodes: int
+    failed: Json, pods: dict[int, Json], exit_codes: dict[int, int], job: Json
 ) -> tuple[BackendStatus, Json | None]:
     """Why the Job failed, most specific first: its deadline, a disruption, an OOM kill; and the
     pod whose log tells more (the caller reads it)."""
@@ -236,9 +270,8 @@ def failed_status(
             f"pod {culprit['metadata']['name']} (node {completion_index(culprit)}) exited "
             f"{terminated.get('exitCode')} ({terminated.get('reason', '')})"
         )
-    gone = [str(i) for i in range(nodes) if i not in exit_codes]
-    if gone:  # the controller stops and deletes the other pods of a failed Job
-        words.append(f"node {', '.join(gone)}: no exit code (stopped by the Job controller)")
+    cause = disrupted_index(job["metadata"]["name"], str(failed.get("message") or ""), disrupted)
+    words += without_exit_code(completions(job), exit_codes, cause)
     exit_code = terminated.get("exitCode")
     status = BackendStatus(
         BackendState.FAILED,
@@ -248,3 +281,15 @@ def failed_status(
         node_exit_codes=exit_codes,
     )
     return status, culprit or pods.get(0)
+
+
+def without_exit_code(nodes: int, exit_codes: dict[int, int], disrupted: int | None) -> list[str]:
+    """The nodes whose pods are gone or never ended, the disrupted one named as such: after a
+    failure the Job controller stops and deletes the other pods, their exit codes with them."""
+    words = []
+    if disrupted is not None and disrupted not in exit_codes:
+        words.append(f"node {disrupted}: disrupted, no exit code")
+    gone = [str(i) for i in range(nodes) if i not in exit_codes and i != disrupted]
+    if gone:
+        words.append(f"node {', '.join(gone)}: no exit code (stopped by the Job controller)")
+    return words
