@@ -33,11 +33,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from service.settings import get_settings
 
 logger = logging.getLogger("zeropilot.api")
-# Descriptors the process needs besides client connections: database pool, logs, the
-# listening socket, Prometheus files, the interpreter's own.
-FD_RESERVE = 128
 LINGER_S = 1.0  # a refused connection drops what still arrives this long, then closes
-MAX_LINGERING = 256  # refused connections lingering at once; more are closed at once
+MAX_TURNED_AWAY_LINGERING = 64  # connections past the cap lingering at once
+# Descriptors the process needs besides the capped connections: those lingering past the cap,
+# the database pool, logs, the listening socket, Prometheus files, the interpreter's own.
+FD_RESERVE = MAX_TURNED_AWAY_LINGERING + 64
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class HeadRefused(Exception):
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    lingering: ClassVar[int] = 0  # refused connections of this process not yet closed
+    turned_away_lingering: ClassVar[int] = 0  # connections past the cap not yet closed
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -106,7 +106,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         if self.lingers:
-            LimitedHttpToolsProtocol.lingering -= 1
+            LimitedHttpToolsProtocol.turned_away_lingering -= 1
         if not self.turned_away:
             super().connection_lost(exc)
 
@@ -193,17 +193,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _answer_and_linger(self, status: int, detail: str, extra: tuple[bytes, ...] = ()) -> None:
         """Answer, then drop what the client still sends for up to LINGER_S before closing:
         closing with its bytes unread would reset the connection, and a reset can destroy the
-        answer before the client reads it. Past MAX_LINGERING such connections (a flood),
-        close at once."""
+        answer before the client reads it. A connection turned away at the cap lingers only
+        while fewer than MAX_TURNED_AWAY_LINGERING do (they are outside the cap); past that,
+        in a flood, it is closed at once."""
         self._cancel_head_timer()
         self.transport.write(_answer(status, detail, extra))
-        crowded = LimitedHttpToolsProtocol.lingering >= MAX_LINGERING
+        crowded = self.turned_away and self.turned_away_lingering >= MAX_TURNED_AWAY_LINGERING
         if crowded or not self.transport.can_write_eof():
             self.transport.close()
             return
         self.transport.write_eof()  # the client reads the answer, then its end of the stream
-        LimitedHttpToolsProtocol.lingering += 1
-        self.lingers = True
+        if self.turned_away:
+            LimitedHttpToolsProtocol.turned_away_lingering += 1
+            self.lingers = True
         self.loop.call_later(LINGER_S, self.transport.close)
 
 

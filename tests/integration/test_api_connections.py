@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import resource
 import select
 import socket
 import subprocess
@@ -53,7 +54,8 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_api(tmp: Path, **api_settings: str) -> Api:
+def start_api(tmp: Path, open_files: int | None = None, **api_settings: str) -> Api:
+    """The API process on a fresh SQLite database, its open-file limit (soft and hard) set."""
     url = f"sqlite:///{tmp / 'zeropilot.db'}"
     upgrade(url)
     token = three_users(url)["alice"]
@@ -68,8 +70,18 @@ def start_api(tmp: Path, **api_settings: str) -> Api:
     }
     argv = [sys.executable, "-m", "service.api.serve", "--port", str(port)]
     log = (tmp / "api.log").open("wb")
+    limit = (
+        (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files)))
+        if open_files
+        else None
+    )
     process = subprocess.Popen(
-        [*argv, "--log-level", "warning"], env=env, cwd=REPO, stdout=log, stderr=log
+        [*argv, "--log-level", "warning"],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=log,
+        preexec_fn=limit,
     )
     api = Api(port, process, token)
     deadline = time.monotonic() + 60
@@ -335,6 +347,32 @@ def test_a_process_past_its_connection_cap_answers_503_and_serves_again(
         for sock in idle:
             sock.close()
     finally:
+        stop_api(api)
+
+
+def test_at_a_low_open_file_limit_slow_heads_cannot_starve_the_process(tmp_path: Path) -> None:
+    """Open files 400, 420 slow heads: the cap (fitted to 272) answers the rest 503, and once
+    the header timeout has cut the slow ones, requests are served again. Without the cap the
+    process ran out of descriptors and failed every request, also after the slow ones."""
+    api = start_api(tmp_path, open_files=400)
+    slow = [socket.create_connection(("127.0.0.1", api.port)) for _ in range(420)]
+    try:
+        for sock in slow:
+            sock.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        time.sleep(1.0)
+        during = [ask(api)[0] for _ in range(41)]
+        time.sleep(HEADER_TIMEOUT_S + 1.5)
+        after = [ask(api)[0] for _ in range(41)]
+        print(
+            f"open files 400, 420 slow heads: {during.count(503)} of 41 got 503 meanwhile, "
+            f"{after.count(200)} of 41 got 200 after the header timeout"
+        )
+        assert during == [503] * 41
+        assert after == [200] * 41
+        assert "api.max_connections lowered from 1000 to 272" in (tmp_path / "api.log").read_text()
+    finally:
+        for sock in slow:
+            sock.close()
         stop_api(api)
 
 
