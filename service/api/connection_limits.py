@@ -187,8 +187,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._answer_refusal()
 
     def _answer_refusal(self) -> None:
-        if self.refusal is not None and not self.transport.is_closing():
-            self._answer_and_linger(*self.refusal)
+        if self.refusal is None or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined head, refused while the answer before it is sent: that answer ends
+            # whole, then the connection closes, and the refused request gets none.
+            self.cycle.keep_alive = False
+            self.flow.pause_reading()
+            return
+        self._answer_and_linger(*self.refusal)
 
     def _answer_and_linger(self, status: int, detail: str, extra: tuple[bytes, ...] = ()) -> None:
         """Answer, then drop what the client still sends for up to LINGER_S before closing:

@@ -243,6 +243,13 @@ def test_a_head_within_the_limits_is_served(api: Api) -> None:
     assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:300]
 
 
+def test_pipelined_requests_are_both_served(api: Api) -> None:
+    head = b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % api.token.encode()
+    both = head + b"\r\n" + head + b"Connection: close\r\n\r\n"
+    answer = send_head(api, lambda: iter([both]))
+    assert answer.count(b"HTTP/1.1 200 OK") == 2, answer[:600]
+
+
 def test_100000_headers_are_refused_naming_the_count_limit(api: Api) -> None:
     with bystander(api, "100,000 headers"):
         answer = send_head(api, many_headers(100_000))
