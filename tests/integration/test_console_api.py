@@ -91,7 +91,7 @@ def test_spec_parsing_needs_a_token_and_a_mapping(
     assert client.post("/console/api/spec", content=text, headers=bare).status_code == 401
 
 
-# 9 levels of ten aliases each: 428 bytes that expand into 10^9 strings.
+# 342 bytes: nine levels of nine aliases each, 9^9 (387 million) strings once expanded.
 BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
     f"{chr(98 + level)}: &{chr(98 + level)} [{','.join(['*' + chr(97 + level)] * 9)}]\n"
     for level in range(8)
