@@ -21,6 +21,7 @@ complete, so connections that never finish theirs were held for ever. Here, per 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
@@ -68,8 +69,10 @@ def head_limits() -> HeadLimits:
 def raise_open_file_limit() -> None:
     """Raise the soft open-file limit to the hard one, so the connection cap fits under it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # An unlimited hard limit is refused by some kernels; the cap then fits the soft one.
+    with contextlib.suppress(ValueError, OSError):
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class HeadRefused(Exception):
