@@ -74,6 +74,14 @@ class ApiSettings(BaseModel):
     max_request_bytes: int = Field(default=2**20, ge=1024)
     # A request still unanswered after this gets 504.
     request_deadline_s: float = Field(default=30.0, gt=0)
+    # A request's line and headers together, and its header count: past either, 431.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_header_count: int = Field(default=100, ge=1)
+    # A connection whose request head is not complete this long after it opened (or after the
+    # first byte of its next request) gets 408 and is closed: slow clients cannot hold it.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # Open connections per API process (lowered to fit the open-file limit); one more: 503.
+    max_connections: int = Field(default=1000, ge=1)
 
 
 class LogSettings(BaseModel):

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from service.core.spec_text import MAX_DOCUMENT_BYTES, DocumentRefused, load_document
 from zeropilot import credentials
 from zeropilot.client import ApiError, Client, format_detail
 from zeropilot.transport import InvalidRequest, TlsRefused, TransportError
@@ -34,28 +34,7 @@ def print_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-MAX_FILE_BYTES = 1 << 20  # a spec or config is kilobytes; a megabyte is a mistake or an attack
-
-
-class AliasRefused(yaml.YAMLError):
-    """A YAML anchor or alias: one line of aliases can expand into gigabytes once sent."""
-
-    def __init__(self, mark: yaml.Mark | None) -> None:
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        super().__init__(
-            f"YAML anchors and aliases (&name, *name, <<: *name) are not accepted{where}; "
-            "write the values out"
-        )
-
-
-class _PlainSafeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that refuses anchors and aliases before composing them."""
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise AliasRefused(event.start_mark)
-        return super().compose_node(parent, index)
+MAX_FILE_BYTES = MAX_DOCUMENT_BYTES  # the API refuses the same documents (service.core.spec_text)
 
 
 def read_mapping(path: Path, what: str, field: str = "") -> dict[str, Any]:
@@ -64,17 +43,9 @@ def read_mapping(path: Path, what: str, field: str = "") -> dict[str, Any]:
     where = f"{field}: " if field else ""
     text = _read_text(path, where, what)
     try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.load(text, Loader=_PlainSafeLoader)  # noqa: S506 (it is a SafeLoader)
-    except AliasRefused as exc:
-        fail(f"{where}{path}: {exc}", 2)
-    except (yaml.YAMLError, ValueError) as exc:
-        kind = "JSON" if path.suffix.lower() == ".json" else "YAML/JSON"
-        fail(f"{where}{path} is not valid {kind}: {exc}", 2)
-    except RecursionError:
-        fail(f"{where}{path} is nested too deeply to read", 2)
+        data = load_document(text, "json" if path.suffix.lower() == ".json" else "yaml")
+    except DocumentRefused as exc:
+        fail(f"{where}{path} {exc}", 2)
     if not isinstance(data, dict):
         fail(f"{where}{path} must hold a mapping ({what}), not {type(data).__name__}", 2)
     return data

@@ -84,12 +84,11 @@ def run_embedded(host: str | None, port: int | None) -> None:
 
 def serve_api(app: Any, host: str, port: int) -> None:
     """Serve until SIGTERM or Ctrl-C; requests still running then get SHUTDOWN_GRACE_S to end,
-    and a stuck one (its handler thread cannot be stopped) does not keep the process alive."""
-    import uvicorn
+    and a stuck one (its handler thread cannot be stopped) does not keep the process alive.
+    Connections and request heads are bounded as in every deployment (``service.api.serve``)."""
+    from service.api.serve import run_api
 
-    uvicorn.run(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
-    )
+    run_api(app, host, port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
 
 
 def abandon_stuck_requests(code: int) -> None:

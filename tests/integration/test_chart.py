@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from service.api.routes.health import router as health_router
-from service.settings import ClusterSettings, Settings
+from service.settings import ApiSettings, ClusterSettings, Settings
 from tests.integration.helpers import REPO
 
 CHART = REPO / "charts" / "zeropilot"
@@ -174,6 +174,29 @@ def test_the_chart_makes_the_plain_manifests_objects(helm_home: Path) -> None:
     assert chart == plain | {("Secret", "zeropilot", "zeropilot")}
 
 
+def test_api_limits_default_to_the_settings_and_reach_the_pod(helm_home: Path) -> None:
+    defaults = ApiSettings()
+    api = env_of(container(render(helm_home), "api"))
+    assert {name: api[name]["value"] for name in LIMIT_ENV} == {
+        name: str(getattr(defaults, name.removeprefix("ZEROPILOT_API__").lower())).removesuffix(
+            ".0"
+        )
+        for name in LIMIT_ENV
+    }
+    changed = render(helm_home, {"api": {"limits": {"headerTimeoutS": 2.5, "maxConnections": 64}}})
+    env = env_of(container(changed, "api"))
+    assert env["ZEROPILOT_API__HEADER_TIMEOUT_S"]["value"] == "2.5"
+    assert env["ZEROPILOT_API__MAX_CONNECTIONS"]["value"] == "64"
+
+
+LIMIT_ENV = [
+    "ZEROPILOT_API__MAX_HEADER_BYTES",
+    "ZEROPILOT_API__MAX_HEADER_COUNT",
+    "ZEROPILOT_API__HEADER_TIMEOUT_S",
+    "ZEROPILOT_API__MAX_CONNECTIONS",
+]
+
+
 def test_worker_runs_celery_as_the_only_account_bound_to_the_launcher_role(
     helm_home: Path,
 ) -> None:
@@ -215,6 +238,7 @@ def test_api_serves_on_its_port_with_probes_on_the_real_health_routes(helm_home:
     assert api["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert {"/readyz", "/healthz"} <= real_paths
     assert api["ports"] == [{"name": "http", "containerPort": 8321}]
+    assert api["command"][:3] == ["python", "-m", "service.api.serve"]  # with the head limits
     assert api["command"][-2:] == ["--port", "8321"]
     service = find(docs, "Service", "zeropilot-api")
     assert service["spec"]["ports"] == [{"name": "http", "port": 8321, "targetPort": "http"}]
