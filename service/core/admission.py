@@ -116,6 +116,9 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
                 reasons[job.job_id] = why
                 continue
             borrowing.add(job.job_id)
+        elif why := _pool_lent(job, in_use, limits):
+            reasons[job.job_id] = why  # preemption reclaims what is lent
+            continue
         if why := _over_cap(job, by_cluster, limits):
             reasons[job.job_id] = why
             blocked.add(job.cluster)
@@ -166,6 +169,20 @@ def _cannot_borrow(
             f" idle GPUs are left to borrow ({pool}); this job needs {job.gpus}"
         )
     return None
+
+
+def _pool_lent(job: Waiting, in_use: int, limits: Limits) -> str | None:
+    """Why a job within its quota waits: the quota pool is full because GPUs are lent out
+    (where a cluster cap is set, the cap itself decides)."""
+    if not limits.borrowing or limits.cluster_cap.get(job.cluster) is not None:
+        return None
+    capacity = limits.capacity(job.cluster)
+    if capacity is None or in_use + job.gpus <= capacity:
+        return None
+    return (
+        f"team {job.team} is within its quota, but {in_use} of the pool's {capacity} GPUs are in"
+        f" use, some lent to other teams; this job needs {job.gpus}"
+    )
 
 
 def _over_cap(job: Waiting, by_cluster: dict[str, int], limits: Limits) -> str | None:

@@ -121,3 +121,15 @@ def test_the_set_is_the_smallest_that_frees_enough() -> None:
     preemption = choose_victims(waiting("a1", "a", 4), jobs, held_by(jobs), limits, NOW)
 
     assert preemption is not None and preemption.victims == ("big",)
+
+
+def test_the_owner_waits_while_its_quota_is_lent_and_says_so() -> None:
+    held = Held(by_team={"b": 8})  # b borrows all of a's 4
+
+    decision = admit([waiting("a1", "a", 2)], held, QUOTAS)
+
+    assert decision.admitted == []
+    assert decision.waiting["a1"] == (
+        "team a is within its quota, but 8 of the pool's 8 GPUs are in use, some lent to other"
+        " teams; this job needs 2"
+    )
