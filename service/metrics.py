@@ -225,6 +225,8 @@ def _count(seen: _Seen) -> None:
         elif seen.to_status == AttemptStatus.PREEMPTED:
             ATTEMPTS_PREEMPTED.labels(seen.cluster).inc()
         return
+    if seen.from_status == seen.to_status:  # a decision (a preemption), not a change
+        return
     status = seen.to_status
     JOB_STATUS_CHANGES.labels(seen.cluster, status).inc()
     if seen.from_status is None:

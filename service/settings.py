@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
+from service.core.preemption import DEFAULT_MIN_RUNTIME_S
 from service.core.stopping import DEFAULT_GRACE_S, MAX_GRACE_S
 
 
@@ -84,6 +85,15 @@ class ApiSettings(BaseModel):
     max_connections: int = Field(default=1000, ge=1)
 
 
+class SchedulingSettings(BaseModel):
+    """Sharing (docs/scheduling.md): off by default, quotas are walls as they always were."""
+
+    borrowing: bool = False  # a team past its quota may run on GPUs no one else uses now
+    preemption: bool = False  # a waiting job may stop running ones (graceful: they save first)
+    min_runtime_s: float = Field(default=DEFAULT_MIN_RUNTIME_S, ge=0)  # never a victim before
+    preempt_across_teams: bool = False  # priority also stops other teams' jobs within quota
+
+
 class LogSettings(BaseModel):
     format: Literal["text", "json"] = "text"  # json: one object per line, with request/job ids
     level: str = "INFO"
@@ -100,6 +110,7 @@ class Settings(BaseSettings):
     clusters: ClusterSettings = Field(default_factory=ClusterSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    scheduling: SchedulingSettings = Field(default_factory=SchedulingSettings)
 
     @property
     def database_url(self) -> str:

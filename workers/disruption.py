@@ -12,10 +12,10 @@ from sqlmodel import Session
 
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
-from service.core.states import JobStatus
+from service.core.states import AttemptStatus, JobStatus
 from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
 from service.db.models import Attempt, Job
-from service.db.transitions import move_job
+from service.db.transitions import move_attempt, move_job
 from workers.backends.base import BackendState, BackendStatus
 
 MAX_DISRUPTION_RETRIES = 3  # per job: a cluster that keeps taking nodes away ends it
@@ -75,5 +75,59 @@ def retry_after_disruption(
         + (f", from the step-{checkpoint.step} checkpoint" if checkpoint else "")
         + " (not counted)",
         current_attempt=number,
+    )
+    return new.id
+
+
+PREEMPTION_RUNG = "resume after preemption"
+
+
+def requeue_preempted(
+    session: Session, job: Job, attempt: Attempt, summary: str, evidence: dict[str, object]
+) -> str | None:
+    """The attempt zeropilot stopped for another job has ended: the job waits again at its
+    original place (admission orders by submit time), its next attempt the same plan from the
+    latest checkpoint (the one it saved at the stop, if it did). Counts no attempt."""
+    preemptor = job.stopping_for
+    saved = " after saving" if attempt.runtime_failure_tag == FailureClass.PREEMPTED else ""
+    reason = f"preempted by job {preemptor}: stopped{saved} ({summary[:300]})"
+    moved = move_attempt(
+        session,
+        attempt,
+        (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING),
+        AttemptStatus.PREEMPTED,
+        reason,
+        failure_class=FailureClass.PREEMPTED,
+        failure_message=reason[:2000],
+        **evidence,
+    )
+    if not moved:
+        return None
+    spec = JobSpec.model_validate(job.spec)
+    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    number = attempt.number + 1
+    new = add_attempt(
+        session,
+        job,
+        number=number,
+        plan=attempt.plan,
+        rung=f"{PREEMPTION_RUNG} (by job {preemptor})",
+        backend=attempt.backend,
+        resumed_from=checkpoint.path if checkpoint else None,
+        resume_method="native" if checkpoint else None,
+    )
+    where = f" from the step-{checkpoint.step} checkpoint" if checkpoint else ""
+    move_job(
+        session,
+        job,
+        (JobStatus.LAUNCHING, JobStatus.RUNNING),
+        JobStatus.PENDING,
+        f"preempted by job {preemptor}; attempt {number} waits at the job's place{where}"
+        " (not counted)",
+        current_attempt=number,
+        stopping_for=None,
+        borrowing=False,
+        preempted_by=[*job.preempted_by, preemptor],
+        message=f"waiting: preempted by job {preemptor}; back in line at its original place",
     )
     return new.id

@@ -15,19 +15,21 @@ from datetime import timedelta
 from sqlmodel import Session, col, select
 
 from service.core.failures import Diagnosis, FailureClass, diagnose_failure
+from service.core.preemption import Policy
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import Grace, stop_grace
 from service.db.admission import admit_pending, any_waiting
 from service.db.jobs import save_durations
 from service.db.models import Attempt, Job, utcnow
+from service.db.preemption import Stop, choose_stops
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
 from service.settings import Settings
 from service.tasks import LAUNCH_ATTEMPT, send_task
 from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
-from workers.disruption import retry_after_disruption
+from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
 
 log = logging.getLogger(__name__)
@@ -73,12 +75,37 @@ def _log_failure(attempt_id: str, exc: Exception) -> None:
 
 
 def _admit(settings: Settings) -> list[str]:
-    """Admit waiting jobs that fit now that GPUs may have been released."""
+    """Admit waiting jobs that fit now that GPUs may have been released; with preemption on,
+    stop the running jobs that the first job still waiting needs (docs/scheduling.md)."""
     with session_scope(settings.database_url) as session:
         if not any_waiting(session):
             return []  # the usual tick: nothing waits, and nothing is written
+    sharing = settings.scheduling
+    profiles = settings.cluster_profiles()
     with session_scope(settings.database_url) as session:  # its first statement is the write
-        return admit_pending(session, settings.cluster_profiles())
+        launches = admit_pending(session, profiles, sharing.borrowing)
+        stops: list[Stop] = []
+        if sharing.preemption:
+            policy = Policy(sharing.min_runtime_s, sharing.preempt_across_teams)
+            stops = choose_stops(session, profiles, policy, sharing.borrowing, utcnow())
+    for stop in stops:  # marked and committed first: a worker lost here is redone by the poll
+        log.info("preempting job %s: %s", stop.job_id, stop.reason)
+        _stop_victim(settings, stop.attempt_id)
+    return launches
+
+
+def _stop_victim(settings: Settings, attempt_id: str) -> None:
+    """The graceful stop (SIGTERM, a save, SIGKILL after the grace) of a preemption's victim."""
+    with session_scope(settings.database_url) as session:
+        attempt = session.get(Attempt, attempt_id)
+        job = session.get(Job, attempt.job_id) if attempt else None
+        if attempt is None or job is None or attempt.backend_ref is None:
+            return
+        grace = _stop_grace(session, settings, job)
+        attempt.failure_evidence = {**attempt.failure_evidence, "stop_grace": grace.why}
+        session.add(attempt)
+        profile = settings.cluster_profiles()[job.cluster]
+        get_backend(profile.kind).cancel(profile, attempt.backend_ref, grace.seconds)
 
 
 def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
@@ -107,6 +134,9 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
                 grace = _stop_grace(session, settings, job)
                 backend.cancel(profile, attempt.backend_ref, grace.seconds)
             return
+        if job.stopping_for and not status.state.terminal:  # preempted: the stop goes on
+            grace = _stop_grace(session, settings, job)
+            backend.cancel(profile, attempt.backend_ref, grace.seconds)
         next_launch = _apply(session, settings, job, attempt, status)
     if next_launch:
         send_task(settings.broker_url, LAUNCH_ATTEMPT, next_launch)
@@ -220,6 +250,11 @@ def _mark_failed(
     diagnosis = diagnose(attempt, status)
     failure = diagnosis.failure_class
     summary = _failure_summary(diagnosis, status)
+    if job.stopping_for:  # zeropilot stopped it for another job: back in line, not a failure
+        evidence = {**attempt.failure_evidence, **diagnosis.as_record()}
+        fields = {"exit_code": status.exit_code, "native_state": status.native_state}
+        requeue_preempted(session, job, attempt, summary, {**fields, "failure_evidence": evidence})
+        return None
     ended = AttemptStatus.PREEMPTED if failure == FailureClass.PREEMPTED else AttemptStatus.FAILED
     moved = move_attempt(
         session,

@@ -96,6 +96,8 @@ class JobDetail(JobPublic):
     spec: dict[str, Any]
     plan: dict[str, Any]
     advice_reason: str
+    borrowing: bool  # admitted past its team's quota, on GPUs others do not use now
+    preempted_by: list[str]  # jobs that stopped it to start (docs/scheduling.md)
     attempts: list[AttemptPublic]
     events: list[EventPublic]
     metrics: list[MetricPublic]

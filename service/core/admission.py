@@ -62,12 +62,17 @@ class Limits:
     team_borrow_limit: dict[str, int | None] = field(default_factory=dict)  # absent: no limit
 
     def capacity(self, cluster: str) -> int | None:
-        """The GPUs borrowers may fill: the cluster's cap, else every team's quota together
-        (None when some team has no quota: there is no nominal pool to lend from)."""
+        """The GPUs borrowers may fill: the cluster's cap, else the quotas of the teams that
+        have one, together (teams without a quota stand outside the pool: no limit, no loan);
+        None when no team has a quota."""
         if (cap := self.cluster_cap.get(cluster)) is not None:
             return cap
-        quotas = list(self.team_quota.values())
-        return sum(q for q in quotas if q is not None) if quotas and None not in quotas else None
+        quotas = [q for q in self.team_quota.values() if q is not None]
+        return sum(quotas) if quotas else None
+
+    def in_pool(self, team: str) -> bool:
+        """Whether the team's GPUs count in the nominal pool (where no cluster cap is set)."""
+        return self.team_quota.get(team) is not None
 
 
 @dataclass
@@ -94,7 +99,8 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     borrowing: set[str] = set()
     reasons: dict[str, str] = {}
     blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
-    in_use = sum(held.by_team.values())  # for the nominal pool, where no cluster cap is set
+    # GPUs held in the nominal pool (where no cluster cap is set): by teams with a quota
+    in_use = sum(gpus for team, gpus in held.by_team.items() if limits.in_pool(team))
 
     def order(job: Waiting) -> tuple[int, float, datetime, str]:
         share = max(limits.team_share.get(job.team, 1), 1)
@@ -127,7 +133,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
         admitted.append(job.job_id)
         by_team[job.team] = by_team.get(job.team, 0) + job.gpus
         by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
-        in_use += job.gpus
+        in_use += job.gpus if limits.in_pool(job.team) else 0
     return Decision(admitted, reasons, frozenset(borrowing))
 
 

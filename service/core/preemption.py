@@ -110,8 +110,11 @@ def _needs(job: Waiting, held: Held, limits: Limits, running: Sequence[Running])
 
 
 def _same_pool(job: Waiting, other: Running, limits: Limits) -> bool:
-    """Whether ``other`` uses the capacity ``job`` needs: its cluster's cap, or the quotas."""
-    return limits.cluster_cap.get(job.cluster) is None or other.cluster == job.cluster
+    """Whether ``other`` uses the capacity ``job`` needs: its cluster's cap, or the pool of
+    quotas (which teams without a quota stand outside of)."""
+    if limits.cluster_cap.get(job.cluster) is None:
+        return limits.in_pool(other.team)
+    return other.cluster == job.cluster
 
 
 def _within_quota(job: Waiting, held: Held, limits: Limits) -> bool:

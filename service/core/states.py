@@ -40,10 +40,17 @@ _JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
             JobStatus.ESCALATING,
             JobStatus.FAILED,
             JobStatus.CANCELLED,
+            JobStatus.PENDING,  # preempted: it waits again, at its original place
         }
     ),
     JobStatus.RUNNING: frozenset(
-        {JobStatus.SUCCEEDED, JobStatus.ESCALATING, JobStatus.FAILED, JobStatus.CANCELLED}
+        {
+            JobStatus.SUCCEEDED,
+            JobStatus.ESCALATING,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+            JobStatus.PENDING,
+        }
     ),
     JobStatus.ESCALATING: frozenset({JobStatus.QUEUED, JobStatus.FAILED, JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),

@@ -32,11 +32,14 @@ from service.db.users import Caller
 WAITING_PREFIX = "waiting: "
 
 
-def limits_of(teams: Sequence[Team], profiles: dict[str, ClusterProfile]) -> Limits:
+def limits_of(
+    teams: Sequence[Team], profiles: dict[str, ClusterProfile], borrowing: bool = False
+) -> Limits:
     return Limits(
         team_quota={team.name: team.gpu_quota for team in teams},
         team_share={team.name: team.gpu_share for team in teams},
         cluster_cap={name: profile.max_gpus for name, profile in profiles.items()},
+        borrowing=borrowing,
     )
 
 
@@ -46,7 +49,13 @@ def held(session: Session, team_names: dict[int, str]) -> Held:
 
 
 def decide_submitted(
-    session: Session, caller: Caller, cluster: str, gpus: int, priority: int, cap: int | None
+    session: Session,
+    caller: Caller,
+    cluster: str,
+    gpus: int,
+    priority: int,
+    cap: int | None,
+    borrowing: bool = False,
 ) -> str | None:
     """Whether a job about to be stored may be admitted at once: None if so (store it QUEUED
     and launch it after the commit), else why it waits (store it PENDING with that message).
@@ -68,7 +77,29 @@ def decide_submitted(
         return f"other jobs of team {team} wait too; the next admission pass orders them"
     if cap is not None and cluster_waits:
         return f"other jobs wait for cluster {cluster}; the next admission pass orders them"
+    if borrowing and cap is None and caller.gpu_quota is not None:
+        return _pool_full(session, gpus)
     return None
+
+
+def _pool_full(session: Session, gpus: int) -> str | None:
+    """With borrowing, a job within its quota may still find the quota pool lent out: then the
+    full pass decides (and preemption reclaims the loan)."""
+    quota = col(Team.gpu_quota)
+    capacity = select(func.coalesce(func.sum(quota), 0)).where(quota.is_not(None))
+    in_use = (
+        select(func.coalesce(func.sum(HeldGpus.gpus), 0))
+        .join(Team, col(Team.id) == HeldGpus.team_id)
+        .where(quota.is_not(None))
+    )
+    row = session.execute(select(capacity.scalar_subquery(), in_use.scalar_subquery())).one()
+    total, used = int(row[0]), int(row[1])
+    if used + gpus <= total:
+        return None
+    return (
+        f"{used} of the quota pool's {total} GPUs are in use, some lent to other teams; the next"
+        " admission pass reclaims them"
+    )
 
 
 def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, bool, bool]:
@@ -87,7 +118,7 @@ def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, 
 # What ordering and counting waiting jobs needs: never the spec or plan (up to a megabyte each).
 WAITING_COLUMNS = (
     col(Job.id), col(Job.name), col(Job.team_id), col(Job.cluster), col(Job.gpus),
-    col(Job.priority), col(Job.created_at), col(Job.message),
+    col(Job.priority), col(Job.created_at), col(Job.message), col(Job.preempted_by),
 )  # fmt: skip
 
 
@@ -101,11 +132,14 @@ def waiting_jobs(session: Session, team_id: int | None = None) -> Sequence[Row[A
 
 def as_waiting(job: Row[Any], team_names: dict[int, str]) -> Waiting:
     return Waiting(
-        job.id, team_names[job.team_id], job.cluster, job.gpus, job.priority, job.created_at
-    )
+        job.id, team_names[job.team_id], job.cluster, job.gpus, job.priority, job.created_at,
+        frozenset(job.preempted_by or ()),
+    )  # fmt: skip
 
 
-def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list[str]:
+def admit_pending(
+    session: Session, profiles: dict[str, ClusterProfile], borrowing: bool = False
+) -> list[str]:
     """Admit the PENDING jobs that fit; return the ids of the attempts to launch (send them
     after the commit). Jobs left waiting get the reason as their message."""
     _take_turn(session)  # first, so that on SQLite the pass starts as the one writer
@@ -115,11 +149,11 @@ def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
     waiting = [as_waiting(job, names) for job in pending]
-    decision = admit(waiting, held(session, names), limits_of(teams, profiles))
+    decision = admit(waiting, held(session, names), limits_of(teams, profiles, borrowing))
     launches = [
         attempt_id
         for job_id in decision.admitted
-        if (attempt_id := _admit(session, job_id)) is not None
+        if (attempt_id := _admit(session, job_id, job_id in decision.borrowing)) is not None
     ]
     messages = {job.id: job.message for job in pending}
     changed = [  # write only what changed
@@ -132,12 +166,16 @@ def admit_pending(session: Session, profiles: dict[str, ClusterProfile]) -> list
     return launches
 
 
-def _admit(session: Session, job_id: str) -> str | None:
+def _admit(session: Session, job_id: str, borrowing: bool = False) -> str | None:
     """Move one job to QUEUED; the id of the attempt to launch, or None if it moved on."""
     job = session.get(Job, job_id)  # whole, as move_job takes it: only the admitted few
     if job is None:
         return None
-    if not move_job(session, job, JobStatus.PENDING, JobStatus.QUEUED, "admitted", message=""):
+    reason = "admitted, borrowing idle GPUs past its team's quota" if borrowing else "admitted"
+    moved = move_job(
+        session, job, JobStatus.PENDING, JobStatus.QUEUED, reason, message="", borrowing=borrowing
+    )
+    if not moved:
         return None
     attempt = current_attempt(session, job)
     return attempt.id if attempt is not None else None

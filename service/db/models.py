@@ -89,6 +89,13 @@ class Job(SQLModel, table=True):
     current_attempt: int = 0
     failure_class: str | None = Field(default=None, max_length=32)
     message: str = ""
+    # Sharing (docs/scheduling.md): admitted past its team's quota; the jobs that preempted
+    # it (never its victims in turn); the job it is stopping for, while it saves.
+    borrowing: bool = False
+    preempted_by: list[str] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")
+    )
+    stopping_for: str | None = Field(default=None, max_length=16)
     idempotency_key: str | None = Field(default=None, max_length=255)
     spec_digest: str = Field(
         max_length=64

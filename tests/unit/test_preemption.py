@@ -133,3 +133,12 @@ def test_the_owner_waits_while_its_quota_is_lent_and_says_so() -> None:
         "team a is within its quota, but 8 of the pool's 8 GPUs are in use, some lent to other"
         " teams; this job needs 2"
     )
+
+
+def test_a_team_without_a_quota_stands_outside_the_pool() -> None:
+    limits = Limits(team_quota={"a": 4, "b": 4, "ops": None}, borrowing=True)
+    held = Held(by_team={"ops": 16, "b": 4})  # ops has no limit and lends nothing
+
+    decision = admit([waiting("b9", "b", 4)], held, limits)
+
+    assert decision.admitted == ["b9"] and decision.borrowing == {"b9"}

@@ -33,6 +33,8 @@ JOB_ALLOWED = {
     (J.RUNNING, J.ESCALATING),
     (J.RUNNING, J.FAILED),
     (J.RUNNING, J.CANCELLED),
+    (J.LAUNCHING, J.PENDING),  # preempted: back in line at its original place
+    (J.RUNNING, J.PENDING),
     (J.ESCALATING, J.QUEUED),
     (J.ESCALATING, J.FAILED),
     (J.ESCALATING, J.CANCELLED),

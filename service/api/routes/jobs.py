@@ -142,7 +142,13 @@ def _store_submitted(
     except ValueError as exc:  # e.g. zero.overrides that break the batch identity
         raise _unprocessable("zero.overrides", str(exc)) from exc
     waiting = decide_submitted(
-        session, caller, profile.name, gpus, spec.priority, cap=profile.max_gpus
+        session,
+        caller,
+        profile.name,
+        gpus,
+        spec.priority,
+        cap=profile.max_gpus,
+        borrowing=settings.scheduling.borrowing,
     )
     try:
         stored = job_store.store_job(

@@ -44,7 +44,7 @@ def update_team(
     for field, value in fields.items():
         setattr(team, field, value)
     session.add(team)
-    launches = admit_pending(session, settings.cluster_profiles())
+    launches = admit_pending(session, settings.cluster_profiles(), settings.scheduling.borrowing)
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
