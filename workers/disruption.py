@@ -14,7 +14,7 @@ from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
-from service.db.models import Attempt, Job
+from service.db.models import Attempt, Checkpoint, Job
 from service.db.transitions import move_attempt, move_job
 from workers.backends.base import BackendState, BackendStatus
 
@@ -50,22 +50,13 @@ def retry_after_disruption(
     )
     if disruption_retries(session, job, rung) >= budget:
         return None
-    spec = JobSpec.model_validate(job.spec)
     active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
     if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {summary[:300]}"):
         return None
-    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
-    number = attempt.number + 1
-    new = add_attempt(
-        session,
-        job,
-        number=number,
-        plan=attempt.plan,
-        rung=f"{rung} ({status.native_state or failure})",
-        backend=attempt.backend,
-        resumed_from=checkpoint.path if checkpoint else None,
-        resume_method="native" if checkpoint else None,
+    new, checkpoint = same_plan_again(
+        session, job, attempt, f"{rung} ({status.native_state or failure})"
     )
+    number = new.number
     move_job(
         session,
         job,
@@ -103,19 +94,10 @@ def requeue_preempted(
     )
     if not moved:
         return None
-    spec = JobSpec.model_validate(job.spec)
-    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
-    number = attempt.number + 1
-    new = add_attempt(
-        session,
-        job,
-        number=number,
-        plan=attempt.plan,
-        rung=f"{PREEMPTION_RUNG} (by job {preemptor})",
-        backend=attempt.backend,
-        resumed_from=checkpoint.path if checkpoint else None,
-        resume_method="native" if checkpoint else None,
+    new, checkpoint = same_plan_again(
+        session, job, attempt, f"{PREEMPTION_RUNG} (by job {preemptor})"
     )
+    number = new.number
     where = f" from the step-{checkpoint.step} checkpoint" if checkpoint else ""
     move_job(
         session,
@@ -131,3 +113,23 @@ def requeue_preempted(
         message=f"waiting: preempted by job {preemptor}; back in line at its original place",
     )
     return new.id
+
+
+def same_plan_again(
+    session: Session, job: Job, attempt: Attempt, rung: str
+) -> tuple[Attempt, Checkpoint | None]:
+    """The next attempt: the same plan, resuming natively from the latest checkpoint (the
+    stage and world size are unchanged, so no conversion), and that checkpoint."""
+    spec = JobSpec.model_validate(job.spec)
+    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    new = add_attempt(
+        session,
+        job,
+        number=attempt.number + 1,
+        plan=attempt.plan,
+        rung=rung,
+        backend=attempt.backend,
+        resumed_from=checkpoint.path if checkpoint else None,
+        resume_method="native" if checkpoint else None,
+    )
+    return new, checkpoint

@@ -18,7 +18,7 @@ from service.core.failures import Diagnosis, FailureClass, diagnose_failure
 from service.core.preemption import Policy
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
-from service.core.stopping import Grace, stop_grace
+from service.core.stopping import stop_grace
 from service.db.admission import admit_pending, any_waiting
 from service.db.jobs import save_durations
 from service.db.models import Attempt, Job, utcnow
@@ -101,11 +101,7 @@ def _stop_victim(settings: Settings, attempt_id: str) -> None:
         job = session.get(Job, attempt.job_id) if attempt else None
         if attempt is None or job is None or attempt.backend_ref is None:
             return
-        grace = _stop_grace(session, settings, job)
-        attempt.failure_evidence = {**attempt.failure_evidence, "stop_grace": grace.why}
-        session.add(attempt)
-        profile = settings.cluster_profiles()[job.cluster]
-        get_backend(profile.kind).cancel(profile, attempt.backend_ref, grace.seconds)
+        send_stop(session, settings, job, attempt)
 
 
 def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
@@ -131,12 +127,10 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
                     native_state=status.native_state,
                 )
             else:
-                grace = _stop_grace(session, settings, job)
-                backend.cancel(profile, attempt.backend_ref, grace.seconds)
+                send_stop(session, settings, job, attempt)
             return
         if job.stopping_for and not status.state.terminal:  # preempted: the stop goes on
-            grace = _stop_grace(session, settings, job)
-            backend.cancel(profile, attempt.backend_ref, grace.seconds)
+            send_stop(session, settings, job, attempt)
         next_launch = _apply(session, settings, job, attempt, status)
     if next_launch:
         send_task(settings.broker_url, LAUNCH_ATTEMPT, next_launch)
@@ -153,17 +147,26 @@ def cancel_attempt(settings: Settings, attempt_id: str) -> None:
             current = AttemptStatus(attempt.status)
             move_attempt(session, attempt, current, AttemptStatus.CANCELLED, "job cancelled")
             return
-        profile = settings.cluster_profiles()[job.cluster]
-        grace = _stop_grace(session, settings, job)
-        attempt.failure_evidence = {**attempt.failure_evidence, "stop_grace": grace.why}
-        session.add(attempt)
-        get_backend(profile.kind).cancel(profile, attempt.backend_ref, grace.seconds)
+        send_stop(session, settings, job, attempt)
     # The next reconcile sees the processes gone and records the attempt as cancelled.
 
 
-def _stop_grace(session: Session, settings: Settings, job: Job) -> Grace:
-    configured = JobSpec.model_validate(job.spec).checkpoint.grace_s
-    return stop_grace(configured, save_durations(session, job.id), settings.workers.stop_grace_s)
+def send_stop(session: Session, settings: Settings, job: Job, attempt: Attempt) -> None:
+    """The graceful stop (SIGTERM, a save, SIGKILL after the grace): for a cancel or a
+    preemption, sent again by each pass until the attempt has ended (a backend takes it twice
+    as once). The grace it chose is kept on the attempt, for the reason its end will give."""
+    evidence = attempt.failure_evidence
+    seconds = evidence.get("stop_grace_s")
+    if seconds is None:  # the first time: the grace holds from the first SIGTERM on
+        configured = JobSpec.model_validate(job.spec).checkpoint.grace_s
+        durations = save_durations(session, job.id)
+        grace = stop_grace(configured, durations, settings.workers.stop_grace_s)
+        seconds = grace.seconds
+        attempt.failure_evidence = {**evidence, "stop_grace": grace.why, "stop_grace_s": seconds}
+        session.add(attempt)
+    assert attempt.backend_ref is not None
+    profile = settings.cluster_profiles()[job.cluster]
+    get_backend(profile.kind).cancel(profile, attempt.backend_ref, float(seconds))
 
 
 def _cancelled_reason(attempt: Attempt) -> str:

@@ -13,13 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlmodel import Session
 
 from service.db.migrate import upgrade
-from service.db.session import get_engine
-from service.db.users import create_user
 from tests.e2e.stack import Api, Stack
-from tests.integration.helpers import tiny_spec
+from tests.integration.helpers import three_users, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -35,17 +32,6 @@ def sharing(tmp_path: Path, postgres_url: str, redis_url: str) -> Iterator[Stack
     running.start_api()
     yield running
     running.stop()
-
-
-def users(database_url: str) -> dict[str, Api]:
-    with Session(get_engine(database_url)) as session:
-        tokens = {
-            "alice": create_user(session, "alice", "vision"),
-            "bob": create_user(session, "bob", "speech"),
-            "root": create_user(session, "root", "ops", is_admin=True),
-        }
-        session.commit()
-    return {name: Api("", token) for name, token in tokens.items()}
 
 
 def job_of(steps: int, name: str) -> dict[str, Any]:
@@ -64,8 +50,7 @@ def wait_until(check: Any, what: str, stack: Stack, timeout_s: float = 420) -> A
 def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     sharing: Stack, postgres_url: str
 ) -> None:
-    apis = {name: Api(sharing.url, api.http.headers["Authorization"].split()[1])
-            for name, api in users(postgres_url).items()}  # fmt: skip
+    apis = {name: Api(sharing.url, token) for name, token in three_users(postgres_url).items()}
     for team in ("vision", "speech"):
         answer = apis["root"].http.patch(f"/v1/teams/{team}", json={"gpu_quota": 2})
         assert answer.status_code == 200, answer.text
