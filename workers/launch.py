@@ -25,6 +25,7 @@ from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
+from service.core.stopping import stop_grace
 from service.db.models import Attempt, Job, utcnow
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
@@ -171,6 +172,7 @@ def build_request(
         env["ZEROPILOT_RESUME_FROM"] = attempt.resumed_from
         env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or "native"
     minutes = spec.resources.time_limit_minutes
+    grace_s = stop_grace(spec.checkpoint.grace_s, [], settings.workers.stop_grace_s).seconds
     return LaunchRequest(
         name=attempt.backend_name,
         attempt_dir=attempt_dir,
@@ -185,6 +187,7 @@ def build_request(
         image=spec.image,
         time_limit_s=minutes * 60 if minutes else None,
         python=settings.workers.python or sys.executable,
+        stop_grace_s=grace_s,
     )
 
 

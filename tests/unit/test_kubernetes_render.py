@@ -370,3 +370,10 @@ def test_a_shared_volume_path_that_a_pod_mounts_already_is_refused(path: str) ->
     # The API server refuses such a Job (422 "must be unique"); the profile says why first.
     with pytest.raises(ValidationError, match=r"shared_volume_path .* collides"):
         profile(shared_volume_claim="zeropilot-data", shared_volume_path=path)
+
+
+def test_the_pods_grace_is_the_stops_so_the_trainer_can_save(tmp_path: Path) -> None:
+    default = render_job(request(tmp_path))["spec"]["template"]["spec"]
+    sized = render_job(request(tmp_path, stop_grace_s=181.5))["spec"]["template"]["spec"]
+    assert default["terminationGracePeriodSeconds"] == 30  # Kubernetes' own default
+    assert sized["terminationGracePeriodSeconds"] == 182  # whole seconds, never less

@@ -46,6 +46,7 @@ class LaunchRequest:
     image: str | None = None
     time_limit_s: int | None = None
     python: str | None = None  # interpreter whose deepspeed launcher runs the job (local/slurm)
+    stop_grace_s: float = 30.0  # SIGTERM to SIGKILL when stopped (service.core.stopping)
 
 
 class BackendState(StrEnum):

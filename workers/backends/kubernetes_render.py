@@ -233,6 +233,8 @@ def _pod_spec(request: LaunchRequest) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "subdomain": name,  # with the Job's "<name>-<index>" hostnames: <name>-<i>.<name>
         "restartPolicy": "Never",
+        # A deleted or suspended pod's trainer gets SIGTERM, saves, and this long to exit.
+        "terminationGracePeriodSeconds": math.ceil(request.stop_grace_s),
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables from every Service around
         "containers": [_container(request)],
         "volumes": [
