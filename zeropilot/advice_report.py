@@ -24,6 +24,7 @@ from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.messages import plain_message
+from service.core.placement import AUTO, Option, choose, plan_everywhere, summary
 from service.core.spec import JobSpec
 from zeropilot.cli_common import console, err, fail, inline_hf_config, print_json, read_mapping
 
@@ -115,6 +116,9 @@ def advise(
     hf_config: Path | None,
 ) -> None:
     spec = load_job(file, nodes, gpus_per_node, hf_config)
+    if spec.resources.cluster == AUTO:
+        _advise_placement(spec, as_json)
+        return
     profile = profile_for(spec, gpu_memory_gib, file)
     try:
         advice = advise_job(spec, profile)
@@ -130,6 +134,50 @@ def advise(
         print_json(advice.model_dump(mode="json"))
     else:
         _print_advice(advice, profile)
+
+
+def _advise_placement(spec: JobSpec, as_json: bool) -> None:
+    """``cluster: auto``: the job planned for every configured cluster, side by side. Where it
+    would start now is the server's to say (its queues); here every cluster counts as free."""
+    profiles = configured_profiles()
+    options = plan_everywhere(spec, list(profiles.values()), advise_job, lambda _p: None)
+    chosen = choose(options)
+    if as_json:
+        rows = [_placement_row(o, profiles[o.cluster], o is chosen) for o in options]
+        print_json({"chosen": chosen.cluster if chosen else None, "clusters": rows})
+    else:
+        table = Table(title="Where the job could run (cluster: auto)")
+        for column in ("cluster", "GPU", "plan", "peak / usable GiB", "tok/s", "why not"):
+            table.add_column(column, no_wrap=column != "why not")
+        for option in options:
+            row = _placement_row(option, profiles[option.cluster], option is chosen)
+            mark = "\u2192 " if row["chosen"] else ""
+            cells = [str(row[k]) for k in ("gpu", "plan", "memory", "pace", "why_not")]
+            table.add_row(mark + option.cluster, *cells)
+        Console(width=max(console.width, TABLE_WIDTH)).print(table)
+        if chosen is not None:
+            console.print(summary(options, chosen), highlight=False)
+    if chosen is None:
+        raise typer.Exit(1)
+
+
+def _placement_row(option: Option, profile: ClusterProfile, chosen: bool) -> dict[str, Any]:
+    gpu = f"{profile.accelerator} {profile.gpu_memory_gib:g} GiB"
+    if option.advice is None:
+        return {"cluster": option.cluster, "gpu": gpu, "plan": "-", "memory": "-", "pace": "-",
+                "why_not": option.ruled_out, "chosen": False}  # fmt: skip
+    plan = option.advice.plan
+    peak = plan.per_gpu_bytes.total / GIB
+    usable = budget_bytes(profile, DEFAULT_HEADROOM) / GIB
+    return {
+        "cluster": ("→ " if chosen else "") + option.cluster,
+        "gpu": gpu,
+        "plan": plan.label(),
+        "memory": f"{peak:.2f} / {usable:.2f}",
+        "pace": f"{option.tokens_per_second:,.0f}",
+        "why_not": "" if chosen else "slower" if option.tokens_per_second else "",
+        "chosen": chosen,
+    }
 
 
 def _print_closest(exc: NoPlanFits, as_json: bool) -> None:

@@ -74,6 +74,13 @@ class ClusterProfile(BaseModel):
     shared_volume_claim: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
     shared_volume_path: Annotated[str, Field(pattern=r"^/[^\x00\n]*$")] = "/var/lib/zeropilot"
 
+    @field_validator("name")
+    @classmethod
+    def _not_auto(cls, name: str) -> str:
+        if name == "auto":  # resources.cluster: auto asks zeropilot to choose
+            raise ValueError("'auto' is reserved: a job naming it is placed by zeropilot")
+        return name
+
     @field_validator("shared_volume_path")
     @classmethod
     def _not_a_pod_mount(cls, path: str) -> str:

@@ -160,7 +160,11 @@ class TrainingSpec(Strict):
 
 
 class ResourcesSpec(Strict):
-    cluster: Annotated[str, Field(pattern=NAME_PATTERN)] = "local"
+    cluster: Annotated[str, Field(pattern=NAME_PATTERN)] = "local"  # "auto": zeropilot places it
+    # With cluster auto: the clusters it may go to (default: every profile).
+    clusters: (
+        Annotated[list[Annotated[str, Field(pattern=NAME_PATTERN)]], Field(max_length=64)] | None
+    ) = None
     nodes: Annotated[int, Field(gt=0, le=65_536)] = 1
     gpus_per_node: Annotated[int, Field(gt=0, le=1024)] = 1
     time_limit_minutes: PositiveInt | None = None

@@ -63,10 +63,26 @@ def decide_submitted(
     Without a team quota or a cluster cap nothing can hold it back, and no statement is needed.
     Otherwise the decision takes the admission turn (held until the commit, so the job is in
     the table before the next decision) and reads the counters in one statement."""
-    team = caller.team_name
     if caller.gpu_quota is None and cap is None:
         return None
     _take_turn(session)
+    return would_wait(session, caller, cluster, gpus, priority, cap, borrowing)
+
+
+def would_wait(
+    session: Session,
+    caller: Caller,
+    cluster: str,
+    gpus: int,
+    priority: int,
+    cap: int | None,
+    borrowing: bool = False,
+) -> str | None:
+    """Why a job of the caller's would wait on ``cluster`` now, or None: reads only (placement
+    asks it of every cluster; ``decide_submitted`` asks it under the admission turn)."""
+    team = caller.team_name
+    if caller.gpu_quota is None and cap is None:
+        return None
     held, team_waits, cluster_waits = _submit_view(session, caller, cluster)
     limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
     new = Waiting("new", team, cluster, gpus, priority, utcnow())

@@ -104,10 +104,12 @@ def store_job(
     idempotency_key: str | None,
     admitted: bool = False,
     waiting: str = "",
+    cluster: str | None = None,
 ) -> NewJob | Job:
     """Store a job with attempt 1 and their events (``new_job``: one statement on PostgreSQL).
     ``admitted``: it enters QUEUED (the caller decided under the admission rules), else PENDING
-    with ``waiting`` as its message.
+    with ``waiting`` as its message. ``cluster``: where placement put a ``cluster: auto`` job
+    (the spec is stored as submitted).
 
     With an Idempotency-Key already used by this team, the existing job comes back instead.
     """
@@ -120,7 +122,7 @@ def store_job(
         team_id=caller.team_id,
         user_id=caller.user_id,
         priority=spec.priority,
-        cluster=spec.resources.cluster,
+        cluster=cluster or spec.resources.cluster,
         gpus=spec.resources.world_size,
         spec=stored_spec,
         plan=plan,

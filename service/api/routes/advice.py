@@ -20,6 +20,7 @@ from service.core.advisor import Candidate, NoPlanFits, advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.limits import plain_document
+from service.core.placement import AUTO, choose, plan_everywhere, summary
 from service.core.spec import JobSpec
 from service.metrics import ADVISOR_SECONDS
 
@@ -82,6 +83,8 @@ def advise_job(
     """Every candidate configuration for the job, the chosen plan and why; nothing is stored."""
     chosen = _policy(body.pop("policy", None), policy)
     spec = parse_job(body)
+    if spec.resources.cluster == AUTO:
+        return _placed_advice(spec, profiles, chosen)
     profile = profile_for(spec, profiles)
     try:
         with ADVISOR_SECONDS.labels("/v1/advice").time():
@@ -105,6 +108,26 @@ def lint_config(request: LintRequest, profiles: ProfilesDep) -> LintPublic:
     profile = profile_for(spec, profiles) if spec is not None else None
     findings = lint_ds_config(request.ds_config, spec, profile)
     return LintPublic(findings=findings, has_errors=has_errors(findings))
+
+
+def _placed_advice(
+    spec: JobSpec, profiles: dict[str, ClusterProfile], policy: PolicyName
+) -> AdvicePublic:
+    """``cluster: auto``: the plan of the cluster placement would choose were every cluster
+    free (a submit also weighs where it would start now), the others in the reason."""
+    with ADVISOR_SECONDS.labels("/v1/advice").time():
+        options = plan_everywhere(
+            spec, list(profiles.values()), lambda s, p: advise(s, p, policy), lambda _p: None
+        )
+    best = choose(options)
+    if best is None or best.advice is None:
+        why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
+        raise unprocessable(["body", "resources", "cluster"], f"no cluster can run it ({why})")
+    advice = best.advice
+    reason = f"{summary(options, best)}. {advice.reason}"
+    return AdvicePublic(
+        plan=advice.plan, candidates=advice.candidates, warnings=advice.warnings, reason=reason
+    )
 
 
 def parse_job(body: dict[str, Any], loc: str | None = None) -> JobSpec:

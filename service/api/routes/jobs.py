@@ -36,10 +36,11 @@ from service.core.advice_memo import advise_once
 from service.core.advisor import NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.limits import INT32_MAX, INT64_MAX
+from service.core.placement import AUTO, Option, choose, plan_everywhere, summary
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import WAITING_PREFIX, decide_submitted, refusal
+from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, would_wait
 from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
 from service.db.session import autocommit, get_engine
@@ -107,11 +108,50 @@ def submit(
     reads = autocommit(engine) if writes_in_one_statement(engine) else engine
     with Session(reads) as session:
         caller = submitter_of(session, credentials)
-        profile = _profile_for(settings, spec)
+        if spec.resources.cluster == AUTO:
+            profile, placed = _place(session, caller, settings, spec)
+        else:
+            profile, placed = _profile_for(settings, spec), ""
         if reads is engine or (caller.gpu_quota is None and profile.max_gpus is None):
-            return _store_submitted(session, caller, spec, profile, settings, idempotency_key)
+            return _store_submitted(
+                session, caller, spec, profile, settings, idempotency_key, placed
+            )
     with Session(engine) as session:  # a limit applies: decided and written in one transaction
-        return _store_submitted(session, caller, spec, profile, settings, idempotency_key)
+        return _store_submitted(session, caller, spec, profile, settings, idempotency_key, placed)
+
+
+def _place(
+    session: Session, caller: Caller, settings: Settings, spec: JobSpec
+) -> tuple[ClusterProfile, str]:
+    """``cluster: auto``: the profile placement chooses, and the choice in words."""
+    allowed = spec.resources.clusters
+    profiles = {
+        name: profile
+        for name, profile in settings.cluster_profiles().items()
+        if allowed is None or name in allowed
+    }
+    gpus = spec.resources.world_size
+    borrowing = settings.scheduling.borrowing
+
+    def waits(profile: ClusterProfile) -> str:
+        why = would_wait(
+            session, caller, profile.name, gpus, spec.priority, profile.max_gpus, borrowing
+        )
+        return why or ""
+
+    refused = {
+        name: Option(name, ruled_out=why)
+        for name, profile in profiles.items()
+        if (why := refusal(caller, name, gpus, profile.max_gpus))
+    }
+    eligible = [p for name, p in profiles.items() if name not in refused]
+    planned = {o.cluster: o for o in plan_everywhere(spec, eligible, advise_once, waits)}
+    options = [o for name in profiles if (o := refused.get(name) or planned.get(name))]
+    chosen = choose(options)
+    if chosen is None:
+        why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
+        raise _unprocessable("resources.cluster", f"no cluster can run this job ({why})")
+    return profiles[chosen.cluster], summary(options, chosen)
 
 
 def _store_submitted(
@@ -121,6 +161,7 @@ def _store_submitted(
     profile: ClusterProfile,
     settings: Settings,
     idempotency_key: str | None,
+    placed: str = "",
 ) -> Response:
     team = caller.team_name
     if spec.team is not None and spec.team != team:
@@ -155,9 +196,10 @@ def _store_submitted(
             session,
             spec=spec,
             plan=advice.plan.model_dump(mode="json"),
-            advice_reason=" ".join([advice.reason, *advice.warnings]).strip(),
+            advice_reason=" ".join([placed, advice.reason, *advice.warnings]).strip(),
             caller=caller,
             backend=profile.kind,
+            cluster=profile.name,
             idempotency_key=idempotency_key,
             admitted=waiting is None,
             waiting=WAITING_PREFIX + waiting if waiting else "",

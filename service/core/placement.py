@@ -1,0 +1,116 @@
+"""Placement: with ``resources.cluster: auto``, which cluster a job goes to, and why not the others.
+
+The advisor plans the job for every eligible profile (each GPU type gets its own plan, so the
+same job can be ZeRO-3 with checkpointing on one GPU and ZeRO-2 across eight); admission says
+where it would start now. The job goes where it starts now, then where its plan is predicted to
+train fastest (tokens per second of the whole job); ties keep the profiles' order. Each cluster
+left out is named with the reason. Pure: the API gathers the admission state and applies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from service.core.advisor.models import Advice, NoPlanFits
+from service.core.clusters import BackendKind, ClusterProfile
+from service.core.spec import JobSpec
+
+AUTO = "auto"  # resources.cluster: let zeropilot choose
+
+
+@dataclass(frozen=True)
+class Option:
+    """One cluster considered for a job."""
+
+    cluster: str
+    advice: Advice | None = None  # None: ruled out
+    ruled_out: str = ""  # why no plan runs there
+    waits: str | None = ""  # why it would not start at once ("": it would; None: not known)
+
+    @property
+    def tokens_per_second(self) -> float:
+        plan = self.advice.plan if self.advice else None
+        return plan.tokens_per_second or 0.0 if plan else 0.0
+
+
+def candidates(spec: JobSpec, profiles: Sequence[ClusterProfile]) -> list[Option | ClusterProfile]:
+    """The profiles the spec may run on (``resources.clusters`` limits them), and for each one
+    it cannot run on an Option saying why."""
+    allowed = set(spec.resources.clusters or ())
+    chosen: list[Option | ClusterProfile] = []
+    for profile in profiles:
+        if allowed and profile.name not in allowed:
+            continue
+        if why := _cannot_run(spec, profile):
+            chosen.append(Option(profile.name, ruled_out=why))
+        else:
+            chosen.append(profile)
+    return chosen
+
+
+def plan_everywhere(
+    spec: JobSpec,
+    profiles: Sequence[ClusterProfile],
+    plan: Callable[[JobSpec, ClusterProfile], Advice],
+    waits: Callable[[ClusterProfile], str | None],
+) -> list[Option]:
+    """Every eligible cluster with its plan (or why none fits) and why it would wait."""
+    options = []
+    for entry in candidates(spec, profiles):
+        if isinstance(entry, Option):
+            options.append(entry)
+            continue
+        placed = spec.model_copy(update={"resources": spec.resources.model_copy(
+            update={"cluster": entry.name})})  # fmt: skip
+        try:
+            advice = plan(placed, entry)
+        except NoPlanFits as exc:
+            options.append(Option(entry.name, ruled_out=f"no plan fits: {exc}"))
+            continue
+        except ValueError as exc:  # e.g. zero.overrides that break the batch there
+            options.append(Option(entry.name, ruled_out=str(exc)))
+            continue
+        options.append(Option(entry.name, advice, waits=waits(entry)))
+    return options
+
+
+def choose(options: Sequence[Option]) -> Option | None:
+    """Where the job starts now, then where it trains fastest; None when no cluster can run it."""
+    runnable = [o for o in options if o.advice is not None]
+    if not runnable:
+        return None
+    return min(runnable, key=lambda o: (bool(o.waits), -o.tokens_per_second))
+
+
+def summary(options: Sequence[Option], chosen: Option) -> str:
+    """The choice and the others in one paragraph, for the job's record."""
+    parts = [f"placed on {chosen.cluster} ({_words(chosen)})"]
+    for option in options:
+        if option is not chosen:
+            parts.append(f"{option.cluster}: {_words(option)}")
+    return "; ".join(parts)
+
+
+def _words(option: Option) -> str:
+    if option.advice is None:
+        return f"ruled out, {option.ruled_out}"
+    pace = (
+        f"{option.advice.plan.label()}, {option.tokens_per_second / 1000:.1f}k tokens/s predicted"
+    )
+    if option.waits is None:
+        return pace
+    return f"{pace}, " + (f"waits: {option.waits}" if option.waits else "starts now")
+
+
+def _cannot_run(spec: JobSpec, profile: ClusterProfile) -> str:
+    if spec.resources.nodes > profile.max_nodes:
+        return f"offers at most {profile.max_nodes} nodes, the job asks for {spec.resources.nodes}"
+    if spec.resources.gpus_per_node > profile.gpus_per_node:
+        return (
+            f"has {profile.gpus_per_node} GPUs per node, the job asks for"
+            f" {spec.resources.gpus_per_node}"
+        )
+    if profile.kind == BackendKind.KUBERNETES and spec.image is None:
+        return "runs each node in a container and the job has no image"
+    return ""

@@ -1,0 +1,67 @@
+"""``cluster: auto`` through the API: placement reads the real admission state of each cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.settings import ClusterSettings, Settings
+from tests.integration.helpers import auth, tiny_spec
+
+
+@pytest.fixture
+def two_clusters(settings: Settings, tmp_path: Path) -> Settings:
+    """Two CPU clusters alike but for a cap of 2 GPUs on the first."""
+    profiles = tmp_path / "clusters.yaml"
+    cpu = {"kind": "local", "gpus_per_node": 2, "cpu_memory_gib": 16}
+    profiles.write_text(yaml.safe_dump({"clusters": [
+        {"name": "cpu-a", "max_gpus": 2, **cpu}, {"name": "cpu-b", **cpu},
+    ]}))  # fmt: skip
+    return settings.model_copy(update={"clusters": ClusterSettings(profiles_file=profiles)})
+
+
+def auto(name: str, **resources: Any) -> dict[str, Any]:
+    spec = tiny_spec(name)
+    limited = {"cluster": "auto", "clusters": ["cpu-a", "cpu-b"], **resources}
+    return {**spec, "resources": {**spec["resources"], **limited}}
+
+
+def test_an_auto_job_goes_where_it_starts_now(
+    two_clusters: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(two_clusters)) as client:
+        alice = auth(tokens["alice"])
+        first = client.post("/v1/jobs", json=auto("first"), headers=alice).json()
+        second = client.post("/v1/jobs", json=auto("second"), headers=alice).json()
+        only_b = client.post("/v1/jobs", json=auto("only", clusters=["cpu-a"]), headers=alice)
+        nowhere = client.post("/v1/jobs", json=auto("big", nodes=4), headers=alice)
+
+    assert (first["cluster"], first["status"]) == ("cpu-a", "QUEUED")  # a tie: the first profile
+    assert first["advice_reason"].startswith("placed on cpu-a (ZeRO-0")
+    assert first["spec"]["resources"]["cluster"] == "auto"  # stored as submitted
+    assert (second["cluster"], second["status"]) == ("cpu-b", "QUEUED")  # cpu-a's cap is full
+    assert "cpu-a: ZeRO-0" in second["advice_reason"]
+    assert "waits: cluster cpu-a has 2 of its 2 GPUs admitted" in second["advice_reason"]
+    assert only_b.json()["cluster"] == "cpu-a" and only_b.json()["status"] == "PENDING"
+    assert nowhere.status_code == 422
+    assert (
+        "no cluster can run this job (cpu-a: the job needs 8 GPUs and zeropilot admits at most 2"
+        " on cpu-a; cpu-b: offers at most 1 nodes, the job asks for 4)" in nowhere.text
+    )
+    assert "local" not in nowhere.text  # outside the job's own list
+
+
+def test_advice_for_an_auto_job_names_the_cluster_and_the_others(
+    two_clusters: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(two_clusters)) as client:
+        answer = client.post("/v1/advice", json=auto("ask"), headers=auth(tokens["alice"]))
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["reason"].startswith("placed on cpu-a (ZeRO-0")
+    assert "; cpu-b: ZeRO-0" in answer.json()["reason"]

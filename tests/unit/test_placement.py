@@ -1,0 +1,65 @@
+"""Placement for ``cluster: auto``: where the job starts now, then where it trains fastest."""
+
+from __future__ import annotations
+
+from service.core.advisor import advise
+from service.core.clusters import BackendKind, ClusterProfile
+from service.core.placement import choose, plan_everywhere, summary
+from service.core.spec import JobSpec
+
+SEVEN_B = {
+    "name": "llama-7b", "entrypoint": "train.py", "image": "registry.example.com/train:1",
+    "model": {"parameters": 6.7e9, "hidden_size": 4096, "num_layers": 32, "num_heads": 32,
+              "vocab_size": 32000, "mlp": "gated", "ffn_size": 11008},
+    "training": {"sequence_length": 2048, "global_batch_size": 32, "precision": "bf16"},
+    "resources": {"cluster": "auto", "nodes": 1, "gpus_per_node": 8},
+}  # fmt: skip
+
+
+def gpu_cluster(name: str, memory: float, accelerator: str, nodes: int = 4) -> ClusterProfile:
+    return ClusterProfile(
+        name=name, kind=BackendKind.SLURM, accelerator=accelerator, gpu_memory_gib=memory,
+        gpus_per_node=8, cpu_memory_gib=1000, max_nodes=nodes,
+    )  # fmt: skip
+
+
+A100_40 = gpu_cluster("a100-40", 40, "nvidia-a100-40gb")
+H100 = gpu_cluster("h100", 80, "nvidia-h100-80gb", nodes=8)
+SMALL = ClusterProfile(name="cpu", kind=BackendKind.LOCAL)
+
+
+def place(spec: dict[str, object], waiting: dict[str, str] | None = None) -> tuple[str, str]:
+    job = JobSpec.model_validate(spec)
+    options = plan_everywhere(
+        job, [SMALL, A100_40, H100], advise, lambda p: (waiting or {}).get(p.name, "")
+    )
+    chosen = choose(options)
+    assert chosen is not None
+    return chosen.cluster, summary(options, chosen)
+
+
+def test_the_job_goes_where_it_is_predicted_fastest_and_says_why_not_elsewhere() -> None:
+    cluster, why = place(SEVEN_B)
+
+    assert cluster == "h100"
+    assert why.startswith("placed on h100 (ZeRO-")
+    assert "starts now" in why
+    assert "cpu: ruled out, has 2 GPUs per node, the job asks for 8" in why
+    assert "a100-40: ZeRO-" in why
+
+
+def test_a_cluster_where_it_would_wait_loses_to_one_where_it_starts_now() -> None:
+    cluster, why = place(SEVEN_B, {"h100": "cluster h100 has 64 of its 64 GPUs admitted"})
+
+    assert cluster == "a100-40"
+    assert "h100: ZeRO-" in why and "waits: cluster h100 has 64 of its 64 GPUs admitted" in why
+
+
+def test_the_spec_may_limit_the_choice_and_a_cluster_too_small_is_ruled_out() -> None:
+    limited = {**SEVEN_B, "resources": {**SEVEN_B["resources"], "clusters": ["a100-40", "cpu"]}}  # type: ignore[dict-item]
+    assert place(limited)[0] == "a100-40"
+    training = {**SEVEN_B["training"], "global_batch_size": 64}  # type: ignore[dict-item]
+    huge = {**SEVEN_B, "training": training, "resources": {**SEVEN_B["resources"], "nodes": 8}}  # type: ignore[dict-item]
+    cluster, why = place(huge)
+    assert cluster == "h100"
+    assert "a100-40: ruled out, offers at most 4 nodes, the job asks for 8" in why
