@@ -102,6 +102,15 @@ def _say_retrying(reason: str, delay: float, number: int, tries: int) -> None:
     err.print(f"{reason}, retrying in {delay:g} s ({number}/{tries})", highlight=False)
 
 
+def _print_sharing(job: dict[str, Any]) -> None:
+    """Borrowing and preemptions (docs/scheduling.md): absent from jobs that had neither."""
+    if job.get("borrowing"):
+        console.print("sharing: runs on GPUs lent past its team's quota", highlight=False)
+    if preempted := job.get("preempted_by"):
+        by = ", ".join(preempted)
+        console.print(f"sharing: preempted {len(preempted)}x (by job {by})", highlight=False)
+
+
 def _print_plan(plan: dict[str, Any], reason: str) -> None:
     offload = plan.get("offload_optimizer", "none")
     console.print(
@@ -223,6 +232,7 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
     elif job["status"] == "PENDING" and job["message"]:
         console.print(job["message"], highlight=False)  # why admission holds it
     _print_plan(job["plan"], job["advice_reason"])
+    _print_sharing(job)
     print_attempts(job)
     for event in job["events"][-8:]:
         stamp = event["created_at"][:19].replace("T", " ")

@@ -16,6 +16,7 @@ import pytest
 
 from service.db.migrate import upgrade
 from tests.e2e.stack import Api, Stack
+from tests.e2e.test_cli import zeropilot
 from tests.integration.helpers import three_users, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,8 @@ def wait_until(check: Any, what: str, stack: Stack, timeout_s: float = 420) -> A
 def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     sharing: Stack, postgres_url: str
 ) -> None:
-    apis = {name: Api(sharing.url, token) for name, token in three_users(postgres_url).items()}
+    tokens = three_users(postgres_url)
+    apis = {name: Api(sharing.url, token) for name, token in tokens.items()}
     for team in ("vision", "speech"):
         answer = apis["root"].http.patch(f"/v1/teams/{team}", json={"gpu_quota": 2})
         assert answer.status_code == 200, answer.text
@@ -86,3 +88,6 @@ def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     waited = [e["reason"] for e in done["events"]]
     assert f"stopping job {borrower['id']} to free its GPUs for this one" in waited
     assert bob.job(owned["id"])["attempts"][0]["status"] == "SUCCEEDED"  # never a victim
+    shown = zeropilot(sharing, tokens["bob"], "status", borrower["id"])
+    assert f"sharing: preempted 1x (by job {reclaim['id']})" in shown.stdout, shown.stderr
+    assert "attempt 1: PREEMPTED" in shown.stdout
