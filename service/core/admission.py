@@ -14,9 +14,9 @@ GPUs per share unit first (recomputed after each admission, so two teams with eq
 alternate); then the oldest. Pure: the database layer gathers the inputs and applies the result.
 
 With borrowing on, a quota is a team's nominal share, not a wall: a job over it is admitted
-into idle capacity (the cluster's cap, or the sum of every team's quota where no cap is set),
-up to the team's borrow limit, and is marked as borrowing; ``service.core.preemption`` takes
-those GPUs back when their owner needs them.
+into idle capacity (the cluster's cap, or the quotas of the teams that have one, together,
+where no cap is set), up to the team's borrow limit, and is marked as borrowing;
+``service.core.preemption`` takes those GPUs back when their owner needs them.
 """
 
 from __future__ import annotations

@@ -203,10 +203,14 @@ def any_waiting(session: Session) -> bool:
     return first is not None
 
 
-def refusal(caller: Caller, cluster: str, gpus: int, cap: int | None) -> str | None:
-    """Why a job of ``gpus`` GPUs could never be admitted in the caller's team, or None."""
+def refusal(
+    caller: Caller, cluster: str, gpus: int, cap: int | None, borrowing: bool = False
+) -> str | None:
+    """Why a job of ``gpus`` GPUs could never be admitted in the caller's team, or None (with
+    borrowing, a job larger than its team's quota may still run on lent GPUs)."""
     team = caller.team_name
-    limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
+    quota = None if borrowing else caller.gpu_quota
+    limits = Limits(team_quota={team: quota}, cluster_cap={cluster: cap})
     return never_fits(gpus, team, cluster, limits)
 
 

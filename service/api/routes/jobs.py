@@ -142,7 +142,7 @@ def _place(
     refused = {
         name: Option(name, ruled_out=why)
         for name, profile in profiles.items()
-        if (why := refusal(caller, name, gpus, profile.max_gpus))
+        if (why := refusal(caller, name, gpus, profile.max_gpus, borrowing))
     }
     eligible = [p for name, p in profiles.items() if name not in refused]
     planned = {o.cluster: o for o in plan_everywhere(spec, eligible, advise_once, waits)}
@@ -173,7 +173,8 @@ def _store_submitted(
         if root_holding(folder, roots) is None:  # another team's folder, or the service's own
             raise _unprocessable("checkpoint.dir", outside_roots(folder, team, roots))
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
-    if why := refusal(caller, profile.name, gpus, profile.max_gpus):
+    borrowing = settings.scheduling.borrowing
+    if why := refusal(caller, profile.name, gpus, profile.max_gpus, borrowing):
         raise _unprocessable("resources", why)
     try:
         with ADVISOR_SECONDS.labels("/v1/jobs").time():
@@ -189,7 +190,7 @@ def _store_submitted(
         gpus,
         spec.priority,
         cap=profile.max_gpus,
-        borrowing=settings.scheduling.borrowing,
+        borrowing=borrowing,
     )
     try:
         stored = job_store.store_job(
