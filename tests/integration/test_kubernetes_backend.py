@@ -48,6 +48,7 @@ from tests.integration.k8s_kubelet import (
 from tests.integration.k8s_loopback import ApiError, loopback_api_server
 from workers.backends import get_backend, kubernetes
 from workers.backends.base import BackendState, LaunchRequest, PermanentError, TemporaryError
+from workers.backends.calls import calls_sent
 from workers.backends.kubernetes_render import master_port, render_job
 from workers.launch import launch_attempt
 from workers.reconcile import cancel_attempt, reconcile_attempt
@@ -1004,6 +1005,63 @@ def test_a_job_held_by_a_finalizer_reads_as_cancelled_while_it_goes(
     assert status.failure_class() == FailureClass.CANCELLED
     wait_until(lambda: names(api, ns, "pods") == [])
     api.patch(path, json={"metadata": {"finalizers": None}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+
+
+# ---- poll_many: one pass over many attempts ----
+
+
+def one_gpu_job(tmp_path: Path, profile: ClusterProfile, name: str, gpus: int = 1) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "ds_config.json").write_text(json.dumps(DS_CONFIG))
+    config = folder / "ds_config.json"
+    request = launch_request(tmp_path, profile, name=name, attempt_dir=folder, nodes=1,
+                             procs_per_node=gpus, ds_config_path=config)  # fmt: skip
+    return kubernetes.submit(request)
+
+
+def test_one_pass_over_attempts_in_mixed_states_matches_polling_each_alone(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    kinds = ("pending", "unplaced", "running", "succeeded", "oom", "cancelled", "gone")
+    # "unplaced" asks 9 GPUs of nodes that have 8: the scheduler says why it waits.
+    refs = {w: one_gpu_job(tmp_path, profile, f"zp-mixed-{w}", 9 if w == "unplaced" else 1)
+            for w in kinds}  # fmt: skip
+    pods = {what: kubelet.wait_for_pods(ns, f"zp-mixed-{what}", 1)[0] for what in refs
+            if what not in ("pending", "unplaced")}  # fmt: skip
+    kubelet.run(ns, *pods.values())
+    kubelet.set_log(ns, pods["succeeded"], "step 100 loss 0.8213\n")
+    kubelet.exit(ns, pods["succeeded"], 0)
+    kubelet.exit(ns, pods["oom"], 137, reason="OOMKilled")
+    cancelled = f"{RESOURCES['jobs'].format(ns=ns)}/zp-mixed-cancelled"
+    api.patch(cancelled, json={"metadata": {"finalizers": ["example.com/audit"]}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    kubernetes.cancel(profile, refs["cancelled"])
+    api.delete(f"{RESOURCES['jobs'].format(ns=ns)}/zp-mixed-gone",
+               params={"propagationPolicy": "Background"})  # fmt: skip
+    expected = {
+        "pending": BackendState.PENDING, "unplaced": BackendState.PENDING,
+        "running": BackendState.RUNNING, "succeeded": BackendState.SUCCEEDED,
+        "oom": BackendState.FAILED, "cancelled": BackendState.CANCELLED,
+        "gone": BackendState.LOST,
+    }  # fmt: skip
+    for what, state in expected.items():
+        poll_until(profile, refs[what], state)
+    wait_until(lambda: "Unschedulable" in kubernetes.poll(profile, refs["unplaced"]).native_state)
+
+    before = calls_sent("kubernetes")
+    together = kubernetes.poll_many(profile, list(refs.values()))
+    calls = calls_sent("kubernetes") - before
+    alone = {ref: kubernetes.poll(profile, ref) for ref in refs.values()}
+
+    assert {what: together[ref].state for what, ref in refs.items()} == expected
+    assert together == alone  # every field: state, exit codes, reason, log tail
+    assert "step 100 loss 0.8213" in together[refs["succeeded"]].log_tail
+    assert together[refs["oom"]].failure_class() == FailureClass.OOM_HOST
+    # One LIST of Jobs, one of Pods, and the log of each of the two Jobs that ended.
+    assert calls == 4
+    api.patch(cancelled, json={"metadata": {"finalizers": None}},
               headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from workers.backends.base import (
     BackendStatus,
     LaunchRequest,
     PermanentError,
+    poll_each,
 )
 from workers.render import (
     launcher_argv,
@@ -86,6 +88,11 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     if (attempt_dir / "cancel").exists():
         return BackendStatus(BackendState.CANCELLED, native_state="cancelled-before-start")
     return BackendStatus(BackendState.PENDING, native_state="starting")
+
+
+def poll_many(profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+    """Each attempt folder's files, as ``poll`` reads them: there is no cluster to ask."""
+    return poll_each(poll, profile, refs)
 
 
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
