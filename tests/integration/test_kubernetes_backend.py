@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +23,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from sqlmodel import Session
 
+from service.api.app import create_app
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
@@ -1276,12 +1279,85 @@ def test_the_worker_records_a_cancel_as_cancelled_once_the_job_is_gone(
     assert (job.status, attempt.status) == (JobStatus.CANCELLED, AttemptStatus.CANCELLED)
 
 
+def shared_volume(api: httpx.Client, ns: str, folder: Path) -> str:
+    """A ReadWriteMany claim bound to a hostPath volume at ``folder`` (the scheduler places a
+    pod only once its claim is bound); returns the claim's name."""
+    volume = f"{ns}-shared"
+    spec = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+            "hostPath": {"path": str(folder)}, "storageClassName": "",
+            "claimRef": {"namespace": ns, "name": "shared-data"}}  # fmt: skip
+    assert api.post("/api/v1/persistentvolumes",
+                    json={"metadata": {"name": volume}, "spec": spec}).is_success  # fmt: skip
+    claim = {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+             "resources": {"requests": {"storage": "1Gi"}}}  # fmt: skip
+    path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims"
+    assert api.post(path, json={"metadata": {"name": "shared-data"}, "spec": claim}).is_success
+    wait_until(lambda: api.get(f"{path}/shared-data").json()["status"].get("phase") == "Bound")
+    return "shared-data"
+
+
+def test_logs_of_pods_on_the_shared_volume_are_read_through_the_api(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    claim = shared_volume(api, ns, tmp_path)
+    settings, job_id, attempt_id = queued_kubernetes_job(
+        plane,
+        ns,
+        tmp_path,
+        monkeypatch,
+        shared_volume_claim=claim,
+        shared_volume_path=str(tmp_path),
+    )
+    launch_attempt(settings, attempt_id)
+    _job, attempt = load(settings, job_id, attempt_id)
+    pods = started(kubelet, ns, name=attempt.backend_name)
+    for index, pod in enumerate(pods):  # each node's ranks print; rank 0 is on node 0
+        trainer = f"print('node {index}: step 30 loss 2.1403', flush=True)"
+        assert kubelet.run_container(ns, pod, [sys.executable, "-c", trainer]) == 0
+    job_condition(api, ns, "Complete", attempt.backend_name)
+    reconcile_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:
+        token = create_user(session, "bob", "vision")  # alice's teammate
+        session.commit()
+    with TestClient(create_app(settings)) as client:
+        answer = client.get(f"/v1/jobs/{job_id}/logs", headers={"Authorization": f"Bearer {token}"})
+        status = client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    api.delete(f"/api/v1/persistentvolumes/{ns}-shared")
+
+    assert status.json()["status"] == "SUCCEEDED"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["text"] == "node 0: step 30 loss 2.1403\n"
+    node_1 = settings.attempts_dir / attempt.backend_name / "node-1.log"
+    assert node_1.read_text() == "node 1: step 30 loss 2.1403\n"
+
+
+def test_logs_of_pods_without_the_shared_volume_say_where_they_are(
+    ns: str, plane: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    launch_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:
+        token = create_user(session, "bob", "vision")
+        session.commit()
+    with TestClient(create_app(settings)) as client:
+        answer = client.get(f"/v1/jobs/{job_id}/logs", headers={"Authorization": f"Bearer {token}"})
+
+    assert answer.status_code == 200, answer.text
+    assert "mount no shared volume" in answer.json()["text"]
+    assert "kubectl logs" in answer.json()["text"]
+
+
 def queued_kubernetes_job(
-    plane: ControlPlane, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plane: ControlPlane,
+    ns: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    **profile_changes: Any,
 ) -> tuple[Settings, str, str]:
     """A job for a kubernetes cluster profile (from the profiles file), QUEUED in SQLite."""
     profiles = tmp_path / "clusters.yaml"
-    fields = k8s_profile(plane.kubeconfig, namespace=ns).model_dump(
+    fields = k8s_profile(plane.kubeconfig, namespace=ns, **profile_changes).model_dump(
         mode="json", exclude_defaults=True
     )
     profiles.write_text(yaml.safe_dump({"clusters": [fields]}))

@@ -91,10 +91,16 @@ class Backend(Protocol):
 
     def poll(self, profile: ClusterProfile, ref: str) -> BackendStatus: ...
 
+    def poll_many(self, profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+        """The status of every ref, from one pass over the cluster; a ref whose own reading
+        failed is left out (the caller polls it alone, which raises the error)."""
+        ...
+
     def logs(self, profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str: ...
 
-    def log_path(self, ref: str) -> str | None:
-        """A log file on storage the API can read (the attempt folder), if the backend has one."""
+    def log_path(self, ref: str, request: LaunchRequest | None = None) -> str | None:
+        """A log file on storage the API can read (the attempt folder), if the backend has one;
+        ``request`` is the launch that returned ``ref``."""
         ...
 
     def cancel(self, profile: ClusterProfile, ref: str, grace_s: float = ...) -> None:

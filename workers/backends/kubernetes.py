@@ -53,6 +53,7 @@ from workers.backends.kubernetes_gang import (
     retry_at,
     suspension,
 )
+from workers.backends.kubernetes_logs import node_log_on_volume
 from workers.backends.kubernetes_render import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -328,8 +329,11 @@ def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     return "\n".join(parts)
 
 
-def log_path(ref: str) -> str | None:
-    return None  # the logs live with the pods; ``logs`` reads them through the API
+def log_path(ref: str, request: LaunchRequest | None = None) -> str | None:
+    """Node 0's log on the shared volume, where rank 0 prints; None when the pods cannot write
+    there (their logs then live with the pods only: ``logs`` reads them through the API)."""
+    node_log = node_log_on_volume(request) if request is not None else None
+    return str(node_log).replace("{index}", "0") if node_log is not None else None
 
 
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:

@@ -127,7 +127,7 @@ def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) 
             os.killpg(pid, signal.SIGKILL)
 
 
-def log_path(ref: str) -> str:
+def log_path(ref: str, request: LaunchRequest | None = None) -> str:
     """The log a user reads first: node 0's, where rank 0 prints."""
     return str(Path(ref) / "node-0.log")
 

@@ -189,7 +189,7 @@ def _log_tail(attempt_dir: Path, job_id: str, lines: int) -> str:
         return f"(not read: {exc})"
 
 
-def log_path(ref: str) -> str:
+def log_path(ref: str, request: LaunchRequest | None = None) -> str:
     job_id, attempt_dir = decode_ref(ref)
     return str(log_file(attempt_dir, job_id))
 
