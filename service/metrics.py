@@ -104,6 +104,26 @@ RECONCILE_SECONDS = Histogram(
     "Duration of one reconcile pass (admission, stale launches, polls).",
     buckets=LATENCY_BUCKETS,
 )
+# Counts per pass, from one attempt to tens of thousands.
+COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+RECONCILE_POLL_SECONDS = Histogram(
+    "zeropilot_reconcile_poll_duration_seconds",
+    "Time one reconcile pass spent polling and applying the attempts of one backend kind.",
+    ["backend"],
+    buckets=LATENCY_BUCKETS,
+)
+RECONCILE_ATTEMPTS_POLLED = Histogram(
+    "zeropilot_reconcile_attempts_polled",
+    "Active attempts one reconcile pass polled, by backend kind.",
+    ["backend"],
+    buckets=COUNT_BUCKETS,
+)
+RECONCILE_CLUSTER_CALLS = Histogram(
+    "zeropilot_reconcile_cluster_calls",
+    "Requests to clusters (Kubernetes API requests, Slurm commands) in one reconcile pass.",
+    ["backend"],
+    buckets=COUNT_BUCKETS,
+)
 RECONCILE_LAST_PASS = Gauge(
     "zeropilot_reconcile_last_pass_timestamp_seconds",
     "Unix time at which the last reconcile pass ended; lag is time() minus this.",

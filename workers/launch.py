@@ -74,7 +74,7 @@ def _launch(settings: Settings, attempt_id: str) -> None:
     ATTEMPTS_LAUNCHED.labels(profile.name, profile.kind).inc()
     log.info("attempt %s submitted to %s as %s", attempt_id, profile.name, ref)
     _pause(settings.workers.fault_pause_after_submit_s)
-    if _record_ref(settings, attempt_id, ref, backend.log_path(ref)):
+    if _record_ref(settings, attempt_id, ref, backend.log_path(ref, request)):
         backend.cancel(profile, ref)  # cancelled while we were submitting
 
 

@@ -1,19 +1,25 @@
 """The periodic reconcile: compare what the clusters say with what the database says, and act.
 
-For every active attempt it polls the backend and moves job and attempt along the state
-machine; a finished failure is classified, and an out-of-memory one goes up the escalation
-ladder when the policy allows. It also re-sends launches that a lost task or a dead worker left
-behind, and stops processes of jobs that users cancelled.
+It polls the active attempts cluster by cluster, each cluster in one ``poll_many`` (a constant
+number of cluster calls, whatever the number of attempts), reads them all from the database in
+one query, and opens a session only for the attempts whose status changed; it moves job and
+attempt along the state machine; a finished failure is classified, and an out-of-memory one
+goes up the escalation ladder when the policy allows. It also re-sends launches that a lost
+task or a dead worker left behind, and stops processes of jobs that users cancelled. One pass
+runs at a time across every worker (``service.db.reconcile_lease``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import defaultdict
 from dataclasses import replace
 from datetime import timedelta
 
 from sqlmodel import Session, col, select
 
+from service.core.clusters import ClusterProfile
 from service.core.failures import Diagnosis, FailureClass, diagnose_failure
 from service.core.preemption import Policy
 from service.core.spec import JobSpec
@@ -21,23 +27,49 @@ from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import stop_grace
 from service.db.admission import admit_pending, any_waiting
 from service.db.jobs import save_durations
-from service.db.models import Attempt, Job, utcnow
+from service.db.models import Attempt, Job, new_id, utcnow
 from service.db.preemption import Stop, choose_stops
+from service.db.reconcile_lease import release_lease, take_lease
 from service.db.session import session_scope
 from service.db.transitions import move_attempt, move_job
+from service.metrics import (
+    RECONCILE_ATTEMPTS_POLLED,
+    RECONCILE_CLUSTER_CALLS,
+    RECONCILE_POLL_SECONDS,
+)
 from service.settings import Settings
 from service.tasks import LAUNCH_ATTEMPT, send_task
 from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
+from workers.backends.calls import calls_sent
 from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
+from workers.watched import ACTIVE_ATTEMPT, PollCounts, Watched, active_attempts, unchanged
 
 log = logging.getLogger(__name__)
 
-_ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+_ACTIVE_ATTEMPT = ACTIVE_ATTEMPT
+# The lease outlasts a few beats, so a slow pass keeps it between renewals; a lost worker's
+# lapses within that.
+LEASE_INTERVALS = 5
+LEASE_MIN_S = 15.0
 
 
 def reconcile(settings: Settings) -> None:
+    """One pass, unless another worker's pass holds the lease."""
+    holder = new_id()
+    if not _renew_lease(settings, holder):
+        log.info("reconcile pass skipped: another worker's pass holds the lease")
+        return
+    try:
+        _reconcile_pass(settings, holder)
+    finally:
+        with session_scope(settings.database_url) as session:
+            release_lease(session, holder)
+
+
+def _reconcile_pass(settings: Settings, holder: str) -> None:
+    started = time.monotonic()
     try:
         for attempt_id in _admit(settings):
             send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
@@ -48,14 +80,85 @@ def reconcile(settings: Settings) -> None:
             "re-sending the launch of attempt %s (no progress within the lease)", attempt_id
         )
         send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
-    for attempt_id in _attempts_to_poll(settings):
-        try:
-            reconcile_attempt(settings, attempt_id)
-            _FAILING.pop(attempt_id, None)
-        except TemporaryError as exc:
-            log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
-        except Exception as exc:  # one broken attempt or cluster must not stop the others'
-            _log_failure(attempt_id, exc)
+    counts = _poll_clusters(settings, holder)
+    _report_pass(settings, time.monotonic() - started, counts)
+
+
+def _poll_clusters(settings: Settings, holder: str) -> list[PollCounts]:
+    """Each cluster's active attempts polled in one ``poll_many``, then applied one by one."""
+    by_cluster: dict[str, list[Watched]] = defaultdict(list)
+    for watched in active_attempts(settings):
+        by_cluster[watched.cluster].append(watched)
+    profiles = settings.cluster_profiles()
+    counts = []
+    for cluster, group in by_cluster.items():
+        if not _renew_lease(settings, holder):  # lapsed mid-pass: another pass goes on
+            log.warning("reconcile pass stopped: its lease lapsed before cluster %s", cluster)
+            break
+        counts.append(_poll_cluster(settings, profiles.get(cluster), cluster, group))
+    return counts
+
+
+def _poll_cluster(
+    settings: Settings, profile: ClusterProfile | None, cluster: str, group: list[Watched]
+) -> PollCounts:
+    started = time.monotonic()
+    kind = profile.kind if profile is not None else "unknown"
+    calls_before = calls_sent(kind)
+    statuses: dict[str, BackendStatus] = {}
+    try:
+        if profile is not None:  # else each attempt's own reconcile says why it cannot poll
+            statuses = get_backend(kind).poll_many(profile, [w.ref for w in group])
+    except TemporaryError as exc:
+        log.warning("poll of cluster %s deferred (%d attempts): %s", cluster, len(group), exc)
+        return PollCounts(kind, len(group), calls_sent(kind) - calls_before, 0.0)
+    except Exception as exc:  # one broken cluster must not stop the others'
+        _log_failure(f"of cluster {cluster}", exc)
+        return PollCounts(kind, len(group), calls_sent(kind) - calls_before, 0.0)
+    for watched in group:
+        status = statuses.get(watched.ref)  # missing: its own poll, which raises what failed
+        if status is not None and unchanged(watched, status):
+            _FAILING.pop(watched.attempt_id, None)
+            continue  # nothing to write: no session for it
+        _reconcile_one(settings, watched.attempt_id, status)
+    return PollCounts(kind, len(group), calls_sent(kind) - calls_before, time.monotonic() - started)
+
+
+def _reconcile_one(settings: Settings, attempt_id: str, status: BackendStatus | None) -> None:
+    try:
+        reconcile_attempt(settings, attempt_id, status)
+        _FAILING.pop(attempt_id, None)
+    except TemporaryError as exc:
+        log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
+    except Exception as exc:  # one broken attempt or cluster must not stop the others'
+        _log_failure(f"of attempt {attempt_id}", exc, attempt_id)
+
+
+def _renew_lease(settings: Settings, holder: str) -> bool:
+    lease_s = max(LEASE_MIN_S, LEASE_INTERVALS * settings.workers.reconcile_interval_s)
+    with session_scope(settings.database_url) as session:
+        return take_lease(session, holder, time.time(), lease_s)
+
+
+def _report_pass(settings: Settings, seconds: float, counts: list[PollCounts]) -> None:
+    """Metrics by backend kind; a pass longer than the beat's interval is logged with why."""
+    for kind in {c.backend for c in counts}:
+        mine = [c for c in counts if c.backend == kind]
+        RECONCILE_POLL_SECONDS.labels(kind).observe(sum(c.seconds for c in mine))
+        RECONCILE_ATTEMPTS_POLLED.labels(kind).observe(sum(c.attempts for c in mine))
+        RECONCILE_CLUSTER_CALLS.labels(kind).observe(sum(c.calls for c in mine))
+    interval = settings.workers.reconcile_interval_s
+    if seconds > interval:
+        log.warning(
+            "reconcile pass took %.2f s, over its %.1f s interval: %d attempts on %d clusters"
+            " polled with %d cluster calls (%s)",
+            seconds,
+            interval,
+            sum(c.attempts for c in counts),
+            len(counts),
+            sum(c.calls for c in counts),
+            ", ".join(f"{c.backend}: {c.attempts} in {c.seconds:.2f} s" for c in counts),
+        )
 
 
 # The last failure of each attempt whose reconcile fails, by this process: a failure that
@@ -63,15 +166,17 @@ def reconcile(settings: Settings) -> None:
 _FAILING: dict[str, str] = {}
 
 
-def _log_failure(attempt_id: str, exc: Exception) -> None:
+def _log_failure(subject: str, exc: Exception, key: str | None = None) -> None:
+    """``subject``: "of attempt <id>" or "of cluster <name>"."""
+    key = key or subject
     what = f"{type(exc).__name__}: {exc}"
-    if _FAILING.get(attempt_id) == what:
-        log.warning("reconcile of attempt %s still failing: %s", attempt_id, what)
+    if _FAILING.get(key) == what:
+        log.warning("reconcile %s still failing: %s", subject, what)
         return
     if len(_FAILING) >= 10_000:  # attempts that ended while failing: forget the oldest
         del _FAILING[next(iter(_FAILING))]
-    _FAILING[attempt_id] = what
-    log.exception("reconcile of attempt %s failed", attempt_id)
+    _FAILING[key] = what
+    log.exception("reconcile %s failed", subject)
 
 
 def _admit(settings: Settings) -> list[str]:
@@ -104,7 +209,11 @@ def _stop_victim(settings: Settings, attempt_id: str) -> None:
         send_stop(session, settings, job, attempt)
 
 
-def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
+def reconcile_attempt(
+    settings: Settings, attempt_id: str, status: BackendStatus | None = None
+) -> None:
+    """Move one attempt and its job to match ``status`` (the pass's ``poll_many`` answer), or,
+    without one, what a poll of the attempt alone says."""
     with session_scope(settings.database_url) as session:
         attempt = session.get(Attempt, attempt_id)
         job = session.get(Job, attempt.job_id) if attempt else None
@@ -112,7 +221,8 @@ def reconcile_attempt(settings: Settings, attempt_id: str) -> None:
             return
         profile = settings.cluster_profiles()[job.cluster]
         backend = get_backend(profile.kind)
-        status = backend.poll(profile, attempt.backend_ref)
+        if status is None:
+            status = backend.poll(profile, attempt.backend_ref)
         if job.status == JobStatus.CANCELLED:
             if status.state == BackendState.SUCCEEDED:
                 _finished_before_cancel(session, job, attempt, status)
@@ -329,14 +439,6 @@ def _failure_summary(diagnosis: Diagnosis, status: BackendStatus) -> str:
         if ending or status.native_state:
             head += f" ({ending or status.native_state})"
     return f"{head}: {line[:600]}" if line else head
-
-
-def _attempts_to_poll(settings: Settings) -> list[str]:
-    with session_scope(settings.database_url) as session:
-        query = select(Attempt.id).where(
-            col(Attempt.status).in_(_ACTIVE_ATTEMPT), col(Attempt.backend_ref).is_not(None)
-        )
-        return list(session.exec(query).all())
 
 
 def _stale_launches(settings: Settings) -> list[str]:

@@ -44,6 +44,15 @@ class AdmissionTurn(SQLModel, table=True):
     turns: int = Field(default=0, sa_type=BigInteger)
 
 
+class ReconcileLease(SQLModel, table=True):
+    """One row: the reconcile pass that holds it (until ``expires_unix_s``) is the only one
+    running, whichever worker runs it; a worker lost mid-pass lets it lapse."""
+
+    id: int = Field(default=1, primary_key=True)
+    holder: str = Field(default="", max_length=64)
+    expires_unix_s: float = 0.0
+
+
 class HeldGpus(SQLModel, table=True):
     """GPUs held by admitted, unfinished jobs per team and cluster, so that admitting one job
     reads a few counters instead of every admitted job. Only ``service.db.transitions``

@@ -2,11 +2,12 @@
 
 ``kube_control_plane`` (session scope) starts etcd, ``kube-apiserver``,
 ``kube-controller-manager`` (the Job controller, garbage collector, pod GC, namespace, service
-account, resource quota and taint eviction controllers) and ``kube-scheduler`` from the binaries
-named by ``KUBEBUILDER_ASSETS`` (as envtest finds them) and ``ZEROPILOT_KUBE_ASSETS`` (our
-variable for the controller manager and scheduler; default: the same folder); etcd may also
-come from PATH. ``scripts/kube-binaries.sh`` unpacks them and prints that folder. Every
-listener is on 127.0.0.1 at a free port, so several runs on one machine do not meet. Two Node
+account, resource quota, taint eviction and volume binder controllers) and ``kube-scheduler``
+from the binaries named by ``KUBEBUILDER_ASSETS`` (as envtest finds them) and
+``ZEROPILOT_KUBE_ASSETS`` (our variable for the controller manager and scheduler; default: the
+same folder); etcd may also come from PATH. ``scripts/kube-binaries.sh`` unpacks them and
+prints that folder. Every listener is on 127.0.0.1 at a free port, so several runs on one
+machine do not meet. Two Node
 objects advertise ``nvidia.com/gpu: 8``; no kubelet runs: ``k8s_kubelet.FakeKubelet`` plays its
 part through the API. The processes end with the session (and die with the test run: they get
 SIGKILL when it does).
@@ -38,6 +39,7 @@ NODES = ("gpu-node-1", "gpu-node-2")
 GPUS_PER_NODE = 8
 CONTROLLERS = (
     "job-controller",
+    "persistentvolume-binder-controller",  # binds the shared volume's claim (logs on it)
     "garbage-collector-controller",
     "pod-garbage-collector-controller",
     "serviceaccount-controller",

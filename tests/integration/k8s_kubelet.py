@@ -19,6 +19,8 @@ import contextlib
 import re
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -178,6 +180,19 @@ class FakeKubelet:
         }
         phase = "Succeeded" if code == 0 else "Failed"
         self._patch_status(namespace, pod, phase, {"terminated": terminated}, ready=False)
+
+    def run_container(self, namespace: str, name: str, trainer: list[str]) -> int:
+        """Run what the pod's container would, with ``trainer`` in place of the launcher: the
+        wrapper zeropilot puts in front of the launcher (its argv up to the launcher's
+        ``python3 -m``) runs for real, with this interpreter as the image's ``python3``. Its
+        output becomes the pod's log and its exit code the container's; returns the code."""
+        argv, _env = kubelet_view(self.pod(namespace, name))
+        launcher_at = argv.index("-m") - 1  # "python3 -m deepspeed.launcher.launch ..."
+        wrapper = [sys.executable, *argv[1:launcher_at]] if launcher_at > 0 else []
+        done = subprocess.run([*wrapper, *trainer], capture_output=True, text=True, timeout=60)
+        self.set_log(namespace, name, done.stdout)
+        self.exit(namespace, name, done.returncode)
+        return done.returncode
 
     def wait_for_image(self, namespace: str, name: str, reason: str, message: str) -> None:
         """The container cannot start: waiting with ``reason`` (e.g. ImagePullBackOff)."""

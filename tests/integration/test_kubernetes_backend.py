@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +23,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from sqlmodel import Session
 
+from service.api.app import create_app
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
@@ -48,6 +51,7 @@ from tests.integration.k8s_kubelet import (
 from tests.integration.k8s_loopback import ApiError, loopback_api_server
 from workers.backends import get_backend, kubernetes
 from workers.backends.base import BackendState, LaunchRequest, PermanentError, TemporaryError
+from workers.backends.calls import calls_sent
 from workers.backends.kubernetes_render import master_port, render_job
 from workers.launch import launch_attempt
 from workers.reconcile import cancel_attempt, reconcile_attempt
@@ -1007,6 +1011,63 @@ def test_a_job_held_by_a_finalizer_reads_as_cancelled_while_it_goes(
               headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
 
+# ---- poll_many: one pass over many attempts ----
+
+
+def one_gpu_job(tmp_path: Path, profile: ClusterProfile, name: str, gpus: int = 1) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "ds_config.json").write_text(json.dumps(DS_CONFIG))
+    config = folder / "ds_config.json"
+    request = launch_request(tmp_path, profile, name=name, attempt_dir=folder, nodes=1,
+                             procs_per_node=gpus, ds_config_path=config)  # fmt: skip
+    return kubernetes.submit(request)
+
+
+def test_one_pass_over_attempts_in_mixed_states_matches_polling_each_alone(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
+) -> None:
+    kinds = ("pending", "unplaced", "running", "succeeded", "oom", "cancelled", "gone")
+    # "unplaced" asks 9 GPUs of nodes that have 8: the scheduler says why it waits.
+    refs = {w: one_gpu_job(tmp_path, profile, f"zp-mixed-{w}", 9 if w == "unplaced" else 1)
+            for w in kinds}  # fmt: skip
+    pods = {what: kubelet.wait_for_pods(ns, f"zp-mixed-{what}", 1)[0] for what in refs
+            if what not in ("pending", "unplaced")}  # fmt: skip
+    kubelet.run(ns, *pods.values())
+    kubelet.set_log(ns, pods["succeeded"], "step 100 loss 0.8213\n")
+    kubelet.exit(ns, pods["succeeded"], 0)
+    kubelet.exit(ns, pods["oom"], 137, reason="OOMKilled")
+    cancelled = f"{RESOURCES['jobs'].format(ns=ns)}/zp-mixed-cancelled"
+    api.patch(cancelled, json={"metadata": {"finalizers": ["example.com/audit"]}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+    kubernetes.cancel(profile, refs["cancelled"])
+    api.delete(f"{RESOURCES['jobs'].format(ns=ns)}/zp-mixed-gone",
+               params={"propagationPolicy": "Background"})  # fmt: skip
+    expected = {
+        "pending": BackendState.PENDING, "unplaced": BackendState.PENDING,
+        "running": BackendState.RUNNING, "succeeded": BackendState.SUCCEEDED,
+        "oom": BackendState.FAILED, "cancelled": BackendState.CANCELLED,
+        "gone": BackendState.LOST,
+    }  # fmt: skip
+    for what, state in expected.items():
+        poll_until(profile, refs[what], state)
+    wait_until(lambda: "Unschedulable" in kubernetes.poll(profile, refs["unplaced"]).native_state)
+
+    before = calls_sent("kubernetes")
+    together = kubernetes.poll_many(profile, list(refs.values()))
+    calls = calls_sent("kubernetes") - before
+    alone = {ref: kubernetes.poll(profile, ref) for ref in refs.values()}
+
+    assert {what: together[ref].state for what, ref in refs.items()} == expected
+    assert together == alone  # every field: state, exit codes, reason, log tail
+    assert "step 100 loss 0.8213" in together[refs["succeeded"]].log_tail
+    assert together[refs["oom"]].failure_class() == FailureClass.OOM_HOST
+    # One LIST of Jobs, one of Pods, and the log of each of the two Jobs that ended.
+    assert calls == 4
+    api.patch(cancelled, json={"metadata": {"finalizers": None}},
+              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+
+
 def test_logs_are_each_nodes_tail_under_its_pod_name(
     ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
@@ -1218,12 +1279,85 @@ def test_the_worker_records_a_cancel_as_cancelled_once_the_job_is_gone(
     assert (job.status, attempt.status) == (JobStatus.CANCELLED, AttemptStatus.CANCELLED)
 
 
+def shared_volume(api: httpx.Client, ns: str, folder: Path) -> str:
+    """A ReadWriteMany claim bound to a hostPath volume at ``folder`` (the scheduler places a
+    pod only once its claim is bound); returns the claim's name."""
+    volume = f"{ns}-shared"
+    spec = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+            "hostPath": {"path": str(folder)}, "storageClassName": "",
+            "claimRef": {"namespace": ns, "name": "shared-data"}}  # fmt: skip
+    assert api.post("/api/v1/persistentvolumes",
+                    json={"metadata": {"name": volume}, "spec": spec}).is_success  # fmt: skip
+    claim = {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+             "resources": {"requests": {"storage": "1Gi"}}}  # fmt: skip
+    path = f"/api/v1/namespaces/{ns}/persistentvolumeclaims"
+    assert api.post(path, json={"metadata": {"name": "shared-data"}, "spec": claim}).is_success
+    wait_until(lambda: api.get(f"{path}/shared-data").json()["status"].get("phase") == "Bound")
+    return "shared-data"
+
+
+def test_logs_of_pods_on_the_shared_volume_are_read_through_the_api(
+    api: httpx.Client, ns: str, kubelet: FakeKubelet, plane: ControlPlane, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    claim = shared_volume(api, ns, tmp_path)
+    settings, job_id, attempt_id = queued_kubernetes_job(
+        plane,
+        ns,
+        tmp_path,
+        monkeypatch,
+        shared_volume_claim=claim,
+        shared_volume_path=str(tmp_path),
+    )
+    launch_attempt(settings, attempt_id)
+    _job, attempt = load(settings, job_id, attempt_id)
+    pods = started(kubelet, ns, name=attempt.backend_name)
+    for index, pod in enumerate(pods):  # each node's ranks print; rank 0 is on node 0
+        trainer = f"print('node {index}: step 30 loss 2.1403', flush=True)"
+        assert kubelet.run_container(ns, pod, [sys.executable, "-c", trainer]) == 0
+    job_condition(api, ns, "Complete", attempt.backend_name)
+    reconcile_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:
+        token = create_user(session, "bob", "vision")  # alice's teammate
+        session.commit()
+    with TestClient(create_app(settings)) as client:
+        answer = client.get(f"/v1/jobs/{job_id}/logs", headers={"Authorization": f"Bearer {token}"})
+        status = client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    api.delete(f"/api/v1/persistentvolumes/{ns}-shared")
+
+    assert status.json()["status"] == "SUCCEEDED"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["text"] == "node 0: step 30 loss 2.1403\n"
+    node_1 = settings.attempts_dir / attempt.backend_name / "node-1.log"
+    assert node_1.read_text() == "node 1: step 30 loss 2.1403\n"
+
+
+def test_logs_of_pods_without_the_shared_volume_say_where_they_are(
+    ns: str, plane: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, job_id, attempt_id = queued_kubernetes_job(plane, ns, tmp_path, monkeypatch)
+    launch_attempt(settings, attempt_id)
+    with Session(get_engine(settings.database_url)) as session:
+        token = create_user(session, "bob", "vision")
+        session.commit()
+    with TestClient(create_app(settings)) as client:
+        answer = client.get(f"/v1/jobs/{job_id}/logs", headers={"Authorization": f"Bearer {token}"})
+
+    assert answer.status_code == 200, answer.text
+    assert "mount no shared volume" in answer.json()["text"]
+    assert "kubectl logs" in answer.json()["text"]
+
+
 def queued_kubernetes_job(
-    plane: ControlPlane, ns: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plane: ControlPlane,
+    ns: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    **profile_changes: Any,
 ) -> tuple[Settings, str, str]:
     """A job for a kubernetes cluster profile (from the profiles file), QUEUED in SQLite."""
     profiles = tmp_path / "clusters.yaml"
-    fields = k8s_profile(plane.kubeconfig, namespace=ns).model_dump(
+    fields = k8s_profile(plane.kubeconfig, namespace=ns, **profile_changes).model_dump(
         mode="json", exclude_defaults=True
     )
     profiles.write_text(yaml.safe_dump({"clusters": [fields]}))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 from tests.integration.k8s_kubelet import expand_references
 from workers.backends.base import LaunchRequest, PermanentError
-from workers.backends.kubernetes import decode_ref, encode_ref
+from workers.backends.kubernetes import decode_ref, encode_ref, log_path
 from workers.backends.kubernetes_render import (
     container_env,
     escape_dollars,
@@ -377,3 +380,83 @@ def test_the_pods_grace_is_the_stops_so_the_trainer_can_save(tmp_path: Path) -> 
     sized = render_job(request(tmp_path, stop_grace_s=181.5))["spec"]["template"]["spec"]
     assert default["terminationGracePeriodSeconds"] == 30  # Kubernetes' own default
     assert sized["terminationGracePeriodSeconds"] == 182  # whole seconds, never less
+
+
+# ---- each node's log on the shared volume ----
+
+
+def on_volume(tmp_path: Path, **changes: Any) -> LaunchRequest:
+    shared = profile(shared_volume_claim="zeropilot-data", shared_volume_path=str(tmp_path))
+    return request(tmp_path, profile=shared, **changes)
+
+
+def test_pods_on_the_shared_volume_write_each_nodes_log_into_the_attempt_folder(
+    tmp_path: Path,
+) -> None:
+    command = trainer(render_job(on_volume(tmp_path)))["command"]
+    argv = [expand_references(word, DEFINED) for word in command]
+    plain = [expand_references(w, DEFINED) for w in launcher_command(request(tmp_path))]
+
+    assert argv[:2] == ["python3", "-c"]
+    assert argv[3] == f"{tmp_path / 'attempt'}/node-1.log"  # JOB_COMPLETION_INDEX=1
+    assert argv[4:] == plain  # the launcher itself, unchanged
+    node_0 = f"{tmp_path}/attempt/node-0.log"  # where rank 0 prints: what the API reads
+    assert log_path(encode_ref("ml", NAME), on_volume(tmp_path)) == node_0
+
+
+def test_pods_without_the_volume_or_outside_it_write_no_log_file(tmp_path: Path) -> None:
+    outside = profile(shared_volume_claim="zeropilot-data", shared_volume_path="/mnt/elsewhere")
+
+    for launch in (request(tmp_path), request(tmp_path, profile=outside)):
+        assert "-c" not in launcher_command(launch)[:2]  # the launcher alone
+        assert log_path(encode_ref("ml", NAME), launch) is None
+
+
+def run_wrapped(tmp_path: Path, trainer_source: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """The pod's wrapper as the container runs it, around a stand-in for the launcher."""
+    return wrapped(tmp_path, tmp_path / "node.log", trainer_source, **popen)
+
+
+def wrapped(
+    tmp_path: Path, log: Path, trainer_source: str, **popen: Any
+) -> subprocess.Popen[bytes]:
+    command = trainer(render_job(on_volume(tmp_path)))["command"]
+    wrapper = [sys.executable, "-c", expand_references(command[2], DEFINED), str(log)]
+    return subprocess.Popen([*wrapper, sys.executable, "-c", trainer_source],
+                            stdout=subprocess.PIPE, **popen)  # fmt: skip
+
+
+def test_the_wrapper_copies_the_output_to_both_and_keeps_the_exit_code(tmp_path: Path) -> None:
+    source = "import sys; print('step 1 loss 2.5', flush=True); sys.exit('boom')"
+    done = run_wrapped(tmp_path, source)
+    out, _ = done.communicate(timeout=30)
+
+    assert done.returncode == 1  # sys.exit with a message: exit 1, the message on stderr
+    assert out == b"step 1 loss 2.5\nboom\n"
+    assert (tmp_path / "node.log").read_bytes() == out
+
+
+def test_the_wrapper_passes_the_graceful_stop_on_to_the_launcher(tmp_path: Path) -> None:
+    source = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('saving', flush=True), sys.exit(7)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    running = run_wrapped(tmp_path, source)
+    assert running.stdout is not None and running.stdout.readline() == b"ready\n"
+
+    running.send_signal(signal.SIGTERM)
+    rest, _ = running.communicate(timeout=30)
+
+    assert (running.returncode, rest) == (7, b"saving\n")
+    assert (tmp_path / "node.log").read_text() == "ready\nsaving\n"
+
+
+def test_a_log_the_pod_cannot_write_leaves_the_training_running(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "node.log"  # its folder does not exist
+    done = wrapped(tmp_path, missing, "print('trained')", stderr=subprocess.PIPE)
+    out, err = done.communicate(timeout=30)
+
+    assert (done.returncode, out) == (0, b"trained\n")
+    assert b"not writing this node's log" in err

@@ -1,13 +1,16 @@
 """The small interface every cluster backend implements: submit, poll, logs, cancel.
 
-A backend module exposes these four functions (see ``Backend``). ``submit`` is idempotent: the
-request carries a deterministic ``name`` and a second submit with the same name finds the first
-launch instead of starting another. Errors carry intent: ``PermanentError`` ends the attempt,
-``TemporaryError`` asks the caller to retry later.
+A backend module exposes these functions (see ``Backend``). ``poll_many`` answers for many
+attempts of one cluster at once with a constant number of cluster calls (one listing per
+cluster or namespace, not one request per attempt); ``poll`` is the one-attempt case.
+``submit`` is idempotent: the request carries a deterministic ``name`` and a second submit with
+the same name finds the first launch instead of starting another. Errors carry intent:
+``PermanentError`` ends the attempt, ``TemporaryError`` asks the caller to retry later.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -89,13 +92,34 @@ class Backend(Protocol):
 
     def poll(self, profile: ClusterProfile, ref: str) -> BackendStatus: ...
 
+    def poll_many(self, profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+        """The status of every ref, from one pass over the cluster; a ref whose own reading
+        failed is left out (the caller polls it alone, which raises the error)."""
+        ...
+
     def logs(self, profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str: ...
 
-    def log_path(self, ref: str) -> str | None:
-        """A log file on storage the API can read (the attempt folder), if the backend has one."""
+    def log_path(self, ref: str, request: LaunchRequest | None = None) -> str | None:
+        """A log file on storage the API can read (the attempt folder), if the backend has one;
+        ``request`` is the launch that returned ``ref``."""
         ...
 
     def cancel(self, profile: ClusterProfile, ref: str, grace_s: float = ...) -> None:
         """Stop every process of the attempt: SIGTERM (the training saves), SIGKILL after
         ``grace_s``; a no-op when it has already ended."""
         ...
+
+
+def poll_each(
+    poll: Callable[[ClusterProfile, str], BackendStatus],
+    profile: ClusterProfile,
+    refs: Sequence[str],
+) -> dict[str, BackendStatus]:
+    """``poll_many`` for a backend without a cluster to ask (files on this machine)."""
+    statuses = {}
+    for ref in refs:
+        try:
+            statuses[ref] = poll(profile, ref)
+        except Exception:  # noqa: S112 (left out: the caller polls it alone and sees why)
+            continue
+    return statuses

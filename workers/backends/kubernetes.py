@@ -11,7 +11,9 @@ and creates the rest.
 each node's container ended (exit code, OOMKilled), whether a pod was disrupted (preemption,
 eviction, node loss), and the failing pod's log tail for the classifier. A pod whose image can
 never be pulled would be retried by the kubelet for ever while holding its node, so ``poll``
-deletes that Job when it reports the launch error. Responses are read as plain JSON (the field
+deletes that Job when it reports the launch error. ``poll_many`` reads the same from one LIST of
+Jobs and one of Pods per namespace, by zeropilot's label (watches with a cache that resumes from
+its resourceVersion are a later step). Responses are read as plain JSON (the field
 names of the Kubernetes API reference), not as the client's models.
 """
 
@@ -22,7 +24,8 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from workers.backends.base import (
     PermanentError,
     TemporaryError,
 )
+from workers.backends.calls import count_call
 from workers.backends.kubernetes_events import failed_create
 from workers.backends.kubernetes_gang import (
     format_time,
@@ -49,10 +53,12 @@ from workers.backends.kubernetes_gang import (
     retry_at,
     suspension,
 )
+from workers.backends.kubernetes_logs import node_log_on_volume
 from workers.backends.kubernetes_render import (
     ATTEMPT_LABEL,
     CONTAINER,
     JOB_NAME_LABEL,
+    MANAGED_BY,
     checked_name,
     namespace_of,
     render_config_map,
@@ -151,12 +157,74 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
             _call(f"read Job {ref}", lambda: batch.read_namespaced_job(name, namespace, **_RAW))
         )
     except NotFoundError:
-        reason = f"the Job {ref} no longer exists (deleted outside zeropilot)"
-        return BackendStatus(BackendState.LOST, native_state="NotFound", reason=reason)
-    if deleted_before_ending(job):  # what the Job controller adds now is the deletion's doing
-        reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
-        return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
-    every_pod = _job_pods(core, namespace, name)
+        return _deleted_outside(ref)
+    if deleted_before_ending(job):
+        return _being_deleted()
+    return _job_status(batch, core, profile, job, _job_pods(core, namespace, name))
+
+
+def poll_many(profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+    """Every ref's status from one LIST of Jobs and one of Pods per namespace (by zeropilot's
+    label); events, log tails and patches only for the Jobs that need them, as ``poll``."""
+    batch, core = _apis(profile)
+    by_namespace: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for ref in refs:
+        with contextlib.suppress(PermanentError):  # not a Kubernetes ref: polled alone, refused
+            by_namespace[decode_ref(ref)[0]].append((ref, decode_ref(ref)[1]))
+    statuses: dict[str, BackendStatus] = {}
+    for namespace, wanted in by_namespace.items():
+        jobs = {j["metadata"]["name"]: j for j in _managed(core, batch, namespace, "Jobs")}
+        pods: dict[str, list[Json]] = defaultdict(list)
+        for pod in _managed(core, batch, namespace, "Pods"):
+            pods[(pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")].append(pod)
+        for ref, name in wanted:
+            with contextlib.suppress(PermanentError, TemporaryError):  # left out: polled alone
+                statuses[ref] = _listed_status(batch, core, profile, ref, jobs.get(name), pods)
+    return statuses
+
+
+def _listed_status(
+    batch: Any,
+    core: Any,
+    profile: ClusterProfile,
+    ref: str,
+    job: Json | None,
+    pods: dict[str, list[Json]],
+) -> BackendStatus:
+    if job is None:
+        return _deleted_outside(ref)
+    if deleted_before_ending(job):
+        return _being_deleted()
+    return _job_status(batch, core, profile, job, pods.get(job["metadata"]["name"], []))
+
+
+def _managed(core: Any, batch: Any, namespace: str, kind: str) -> list[Json]:
+    """Every Job or Pod of zeropilot's in the namespace, in one request."""
+    selector = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
+    lister = batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
+    listed = _json(
+        _call(
+            f"list {kind} in {namespace}",
+            lambda: lister(namespace, label_selector=selector, **_RAW),
+        )
+    )
+    return list(listed.get("items") or [])
+
+
+def _deleted_outside(ref: str) -> BackendStatus:
+    reason = f"the Job {ref} no longer exists (deleted outside zeropilot)"
+    return BackendStatus(BackendState.LOST, native_state="NotFound", reason=reason)
+
+
+def _being_deleted() -> BackendStatus:
+    """What the Job controller adds while the Job is deleted is the deletion's doing."""
+    reason = "the Job is being deleted (cancelled, by zeropilot or on the cluster)"
+    return BackendStatus(BackendState.CANCELLED, native_state="CANCELLED", reason=reason)
+
+
+def _job_status(
+    batch: Any, core: Any, profile: ClusterProfile, job: Json, every_pod: list[Json]
+) -> BackendStatus:
     return _ended(core, job, every_pod) or _not_ended(
         batch, core, profile, job, still_tracked(every_pod)
     )
@@ -261,8 +329,11 @@ def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     return "\n".join(parts)
 
 
-def log_path(ref: str) -> str | None:
-    return None  # the logs live with the pods; ``logs`` reads them through the API
+def log_path(ref: str, request: LaunchRequest | None = None) -> str | None:
+    """Node 0's log on the shared volume, where rank 0 prints; None when the pods cannot write
+    there (their logs then live with the pods only: ``logs`` reads them through the API)."""
+    node_log = node_log_on_volume(request) if request is not None else None
+    return str(node_log).replace("{index}", "0") if node_log is not None else None
 
 
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
@@ -316,6 +387,7 @@ def _apis(profile: ClusterProfile) -> tuple[Any, Any]:
 
 def _call(what: str, request: Callable[[], Any]) -> Any:
     """One API request, its errors translated: rejected → Permanent, unreachable → Temporary."""
+    count_call("kubernetes")
     try:
         return request()
     except ApiException as exc:

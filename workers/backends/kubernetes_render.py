@@ -22,6 +22,7 @@ from typing import Any
 from service.core.clusters import ClusterProfile
 from service.core.launch_limits import ENV_NAME_PATTERN
 from workers.backends.base import LaunchRequest, PermanentError
+from workers.backends.kubernetes_logs import TEE, node_log_on_volume
 from workers.render import launcher_argv, render_hostfile
 
 DEFAULT_NAMESPACE = "default"
@@ -39,7 +40,8 @@ ATTEMPT_LABEL = "zeropilot.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "zeropilot"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_NAME_LABEL = "job-name"  # set on its pods by the Job controller (every version)
-NODE_RANK = "$(JOB_COMPLETION_INDEX)"  # set in each pod by the Job controller, Indexed Jobs only
+NODE_INDEX = "$(JOB_COMPLETION_INDEX)"  # set in each pod by the Job controller (Indexed Jobs)
+NODE_RANK = NODE_INDEX  # set in each pod by the Job controller, Indexed Jobs only
 # The Job controller keeps a variable of this name that the pod already has: every rank would
 # get the user's value as its node rank.
 RESERVED_ENV = frozenset({"JOB_COMPLETION_INDEX"})
@@ -180,7 +182,12 @@ def launcher_command(request: LaunchRequest) -> list[str]:
         ds_config=f"{CONFIG_DIR}/{DS_CONFIG_KEY}",
     )
     rank_at = argv.index("--node_rank") + 1
-    return [word if i == rank_at else escape_dollars(word) for i, word in enumerate(argv)]
+    command = [word if i == rank_at else escape_dollars(word) for i, word in enumerate(argv)]
+    node_log = node_log_on_volume(request)
+    if node_log is None:
+        return command
+    log_file = escape_dollars(str(node_log)).replace("{index}", NODE_INDEX)
+    return [DEFAULT_PYTHON, "-c", escape_dollars(TEE), log_file, *command]
 
 
 def container_env(request: LaunchRequest) -> list[dict[str, str]]:

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from workers.backends.base import (
     BackendStatus,
     LaunchRequest,
     PermanentError,
+    poll_each,
 )
 from workers.render import (
     launcher_argv,
@@ -88,6 +90,11 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     return BackendStatus(BackendState.PENDING, native_state="starting")
 
 
+def poll_many(profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+    """Each attempt folder's files, as ``poll`` reads them: there is no cluster to ask."""
+    return poll_each(poll, profile, refs)
+
+
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     return _tail(Path(ref), tail_lines)
 
@@ -120,7 +127,7 @@ def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) 
             os.killpg(pid, signal.SIGKILL)
 
 
-def log_path(ref: str) -> str:
+def log_path(ref: str, request: LaunchRequest | None = None) -> str:
     """The log a user reads first: node 0's, where rank 0 prints."""
     return str(Path(ref) / "node-0.log")
 

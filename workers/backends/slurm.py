@@ -5,14 +5,16 @@ the folder (on storage the cluster shares) with the scripts, the log and the exi
 job is named after the attempt, so a retried ``submit`` finds the job it already started (the id
 file in the folder, else ``squeue --name``) instead of starting a second one. Without accounting
 Slurm forgets a finished job after MinJobAge; ``poll`` then reads the exit code the batch script
-left in the folder.
+left in the folder. ``poll_many`` asks once for all the attempts of a cluster (one ``squeue``,
+one ``sacct`` for the jobs it no longer shows) and reads log tails only of jobs that ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,10 +30,13 @@ from workers.backends.base import (
     TemporaryError,
 )
 from workers.backends.slurm_commands import (
+    SQUEUE_FORMAT,
     UnknownJobError,
     parse_exit_code,
     parse_fields,
     parse_sacct,
+    parse_sacct_jobs,
+    parse_squeue,
     run_slurm,
 )
 from workers.backends.slurm_render import (
@@ -107,6 +112,71 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
     )
 
 
+def poll_many(profile: ClusterProfile, refs: Sequence[str]) -> dict[str, BackendStatus]:
+    """Every ref's status from one ``squeue`` for all their ids and one ``sacct`` for those
+    Slurm no longer shows; log tails are read only for the jobs that ended."""
+    wanted: dict[str, tuple[str, Path]] = {}
+    for ref in refs:
+        with contextlib.suppress(PermanentError):  # not a Slurm ref: polled alone, refused
+            job_id, attempt_dir = decode_ref(ref)
+            wanted[ref] = (job_id, attempt_dir)
+    ids = sorted({job_id for job_id, _ in wanted.values()}, key=int)
+    shown = _squeue_jobs(profile, ids) if ids else {}
+    forgotten = [job_id for job_id in ids if job_id not in shown]
+    history = _sacct_jobs(profile, forgotten) if forgotten else {}
+    statuses = {}
+    for ref, (job_id, attempt_dir) in wanted.items():
+        fields = shown.get(job_id) or history.get(job_id)
+        if fields is None:
+            statuses[ref] = _status_from_files(job_id, attempt_dir)
+        else:
+            statuses[ref] = _status_from_fields(fields, attempt_dir, job_id)
+    return statuses
+
+
+def _status_from_fields(fields: dict[str, str], attempt_dir: Path, job_id: str) -> BackendStatus:
+    native_state = fields.get("JobState", "UNKNOWN")
+    state = _STATES.get(native_state, BackendState.RUNNING)  # an unknown word is not an ending
+    log_tail = _log_tail(attempt_dir, job_id, POLL_TAIL_LINES) if state.terminal else ""
+    return BackendStatus(
+        state,
+        exit_code=parse_exit_code(fields.get("ExitCode", "")) if state.terminal else None,
+        native_state=native_state,
+        reason=_reason(fields.get("Reason", ""), log_tail),
+        log_tail=log_tail,
+        node_exit_codes=_node_exit_codes(log_tail),
+    )
+
+
+def _squeue_jobs(profile: ClusterProfile, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The controller's view of these jobs, ended ones it still keeps included: one RPC."""
+    try:
+        text = run_slurm(
+            profile,
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                f"--jobs={','.join(ids)}",
+                f"--Format={SQUEUE_FORMAT}",
+            ],
+        )
+    except UnknownJobError:  # one id, forgotten: sacct and the folder answer for it
+        return {}
+    return parse_squeue(text)
+
+
+def _sacct_jobs(profile: ClusterProfile, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    try:
+        text = run_slurm(
+            profile,
+            ["sacct", "-j", ",".join(ids), "-n", "-P", "-o", "JobID,State,ExitCode,Reason"],
+        )
+    except PermanentError:  # accounting disabled or slurmdbd unreachable: there is no history
+        return {}
+    return parse_sacct_jobs(text)
+
+
 def logs(profile: ClusterProfile, ref: str, tail_lines: int = 200) -> str:
     job_id, attempt_dir = decode_ref(ref)
     return _log_tail(attempt_dir, job_id, tail_lines)
@@ -119,7 +189,7 @@ def _log_tail(attempt_dir: Path, job_id: str, lines: int) -> str:
         return f"(not read: {exc})"
 
 
-def log_path(ref: str) -> str:
+def log_path(ref: str, request: LaunchRequest | None = None) -> str:
     job_id, attempt_dir = decode_ref(ref)
     return str(log_file(attempt_dir, job_id))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from service.core.clusters import ClusterProfile
 from workers.backends.base import PermanentError, TemporaryError
+from workers.backends.calls import count_call
 
 COMMAND_TIMEOUT_S = 30.0
 _PASSED_THROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "SLURM_CONF")
@@ -27,6 +28,10 @@ _TEMPORARY = re.compile(
 _UNKNOWN_JOB = re.compile(r"Invalid job id", re.IGNORECASE)
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:]*)=(\S*)")
 _LAST_REAL_SIGNAL = 64  # Slurm reports OUT_OF_MEMORY as "signal" 125, which is no signal
+# squeue's --Format fields, each padded to its width and ended by "|"; the reason goes last (it
+# may hold spaces) and unpadded.
+SQUEUE_FORMAT = "JobID:24|,State:24|,exit_code:16|,Reason:0"
+_SQUEUE_KEYS = ("JobId", "JobState", "ExitCode", "Reason")
 
 
 class UnknownJobError(PermanentError):
@@ -35,6 +40,7 @@ class UnknownJobError(PermanentError):
 
 def run_slurm(profile: ClusterProfile, argv: Sequence[str], cwd: Path | None = None) -> str:
     """Run one Slurm client command and return its stdout, or raise a backend error."""
+    count_call("slurm")
     try:
         done = subprocess.run(
             list(argv),
@@ -68,6 +74,38 @@ def parse_fields(line: str) -> dict[str, str]:
     for key, value in _FIELD.findall(line):
         fields.setdefault(key, value)
     return fields
+
+
+def parse_squeue(text: str) -> dict[str, dict[str, str]]:
+    """``squeue --Format=SQUEUE_FORMAT`` lines by job id, keyed as ``scontrol show job`` is."""
+    jobs = {}
+    for line in text.splitlines():
+        values = [value.strip() for value in line.split("|", len(_SQUEUE_KEYS) - 1)]
+        if len(values) == len(_SQUEUE_KEYS) and values[0].isdigit():
+            fields = dict(zip(_SQUEUE_KEYS, values, strict=True))
+            fields["ExitCode"] = _code_and_signal(fields["ExitCode"])
+            jobs[values[0]] = fields
+    return jobs
+
+
+def _code_and_signal(wait_status: str) -> str:
+    """squeue's ``exit_code`` is the raw wait status (exit code << 8 | signal); scontrol and
+    sacct write ``code:signal``."""
+    if not wait_status.isdigit():
+        return wait_status
+    status = int(wait_status)
+    return f"{status >> 8}:{status & 0x7F}"
+
+
+def parse_sacct_jobs(text: str) -> dict[str, dict[str, str]]:
+    """``parse_sacct`` of each job in one answer for several: its rows are the job's and its
+    steps' (``<id>``, ``<id>.batch``, ``<id>.0``)."""
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        job_id = line.split("|", 1)[0].split(".", 1)[0]
+        rows.setdefault(job_id, []).append(line)
+    parsed = {job_id: parse_sacct("\n".join(lines)) for job_id, lines in rows.items()}
+    return {job_id: fields for job_id, fields in parsed.items() if fields is not None}
 
 
 def parse_exit_code(text: str) -> int | None:

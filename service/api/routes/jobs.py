@@ -317,7 +317,10 @@ def job_logs(
             status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}"
         )
     if not row.log_path:
-        return LogsPublic(attempt=number, text="")
+        launched = row.backend_ref is not None
+        return LogsPublic(
+            attempt=number, text=_why_no_log(settings, job.cluster) if launched else ""
+        )
     root, path = settings.attempts_dir, Path(row.log_path)
     try:
         if offset is None:  # the tail, and where a follower should continue from
@@ -417,6 +420,24 @@ def _team_filter(session: Session, user: User, team: str | None) -> int | None:
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"team {team!r} not found")
     return row.id
+
+
+def _why_no_log(settings: Settings, cluster: str) -> str:
+    """Why a launched attempt has no log file the API can read (none on Kubernetes without
+    the shared volume; the others always have one)."""
+    profile = settings.cluster_profiles().get(cluster)
+    if profile is None or profile.kind != BackendKind.KUBERNETES:
+        return ""
+    if profile.shared_volume_claim is None:
+        return (
+            f"(no log here: the pods of cluster {cluster} mount no shared volume (its profile's "
+            "shared_volume_claim), so their output stays with the pods: read it with kubectl "
+            "logs)"
+        )
+    return (
+        f"(no log here: the attempt folders are not under {profile.shared_volume_path}, where "
+        f"the pods of cluster {cluster} mount the shared volume, so they could not write it)"
+    )
 
 
 def _visible_job(session: Session, user: User, job_id: str) -> Job:

@@ -1,0 +1,77 @@
+"""The active attempts a reconcile pass watches, read in one query, and which of them a poll's
+answer leaves as they are (no session opened, nothing written)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlmodel import col
+
+from service.core.states import AttemptStatus, JobStatus
+from service.db.models import Attempt, Job
+from service.db.session import session_scope
+from service.settings import Settings
+from workers.backends.base import BackendState, BackendStatus
+
+ACTIVE_ATTEMPT = (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class Watched:
+    attempt_id: str
+    ref: str
+    cluster: str
+    attempt_status: str
+    native_state: str
+    failure_message: str
+    job_status: str
+    stopping_for: str | None
+
+
+@dataclass(frozen=True)
+class PollCounts:
+    """What one cluster's part of a pass did: for the metrics and the overrun warning."""
+
+    backend: str
+    attempts: int
+    calls: int
+    seconds: float
+
+
+def active_attempts(settings: Settings) -> list[Watched]:
+    """Every attempt on a cluster that has not ended, with what deciding needs of its job."""
+    query = (
+        select(
+            col(Attempt.id),
+            col(Attempt.backend_ref),
+            col(Job.cluster),
+            col(Attempt.status),
+            col(Attempt.native_state),
+            col(Attempt.failure_message),
+            col(Job.status),
+            col(Job.stopping_for),
+        )
+        .join(Job, col(Job.id) == Attempt.job_id)
+        .where(col(Attempt.status).in_(ACTIVE_ATTEMPT), col(Attempt.backend_ref).is_not(None))
+    )
+    with session_scope(settings.database_url) as session:
+        return [Watched(*row) for row in session.execute(query).all()]
+
+
+def unchanged(watched: Watched, status: BackendStatus) -> bool:
+    """Whether applying ``status`` would write nothing: still waiting for the same reason, or
+    still running. A cancelled or preempted job's stop is sent again every pass."""
+    if watched.job_status == JobStatus.CANCELLED or watched.stopping_for:
+        return False
+    if status.state == BackendState.PENDING:
+        return (watched.native_state, watched.failure_message) == (
+            status.native_state,
+            status.reason,
+        )
+    if status.state == BackendState.RUNNING:
+        return (
+            watched.attempt_status == AttemptStatus.RUNNING
+            and watched.job_status != JobStatus.LAUNCHING
+        )
+    return False
