@@ -160,8 +160,8 @@ def training_arguments(**yours: Any) -> Any:
     )
     plan = plan_from_env(field)
     merged = merged_arguments(plan, yours)
-    if merged.get("bf16") and not torch.cuda.is_available():
-        merged.setdefault("use_cpu", True)  # else the Trainer refuses bf16 without a GPU
+    if not torch.cuda.is_available():  # else accelerate sees one process, and refuses bf16
+        merged.setdefault("use_cpu", True)
     return TrainingArguments(**merged)
 
 

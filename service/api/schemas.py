@@ -79,6 +79,7 @@ class MetricPublic(Public):
     loss: float | None
     tokens_per_s: float | None
     memory_peak_bytes: int | None
+    extra: dict[str, float] = {}  # what else the training code reported (learning_rate, ...)
     created_at: datetime
 
 
