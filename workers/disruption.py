@@ -13,10 +13,12 @@ from sqlmodel import Session
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
-from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
+from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Job
 from service.db.transitions import move_job
+from service.settings import Settings
 from workers.backends.base import BackendState, BackendStatus
+from workers.retention import resume_checkpoint
 
 MAX_DISRUPTION_RETRIES = 3  # per job: a cluster that keeps taking nodes away ends it
 DISRUPTION_RUNG = "retry after a disruption"  # how these attempts are told apart
@@ -33,6 +35,7 @@ def disruption_retries(session: Session, job: Job, rung: str = DISRUPTION_RUNG) 
 
 def retry_after_disruption(
     session: Session,
+    settings: Settings,
     job: Job,
     attempt: Attempt,
     failure: FailureClass,
@@ -54,7 +57,7 @@ def retry_after_disruption(
     active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
     if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {summary[:300]}"):
         return None
-    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
     number = attempt.number + 1
     new = add_attempt(
         session,

@@ -29,6 +29,7 @@ from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
 from workers.disruption import retry_after_disruption
 from workers.escalate import escalate
+from workers.retention import jobs_with_unchecked_checkpoints, retain
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,21 @@ def reconcile(settings: Settings) -> None:
             log.warning("poll of attempt %s deferred: %s", attempt_id, exc)
         except Exception as exc:  # one broken attempt or cluster must not stop the others'
             _log_failure(attempt_id, exc)
+    _retain_checkpoints(settings)
+
+
+def _retain_checkpoints(settings: Settings) -> None:
+    """Retention for jobs with a checkpoint reported since the last pass (workers.retention)."""
+    try:
+        job_ids = jobs_with_unchecked_checkpoints(settings)
+    except Exception:
+        log.exception("could not look for new checkpoints")
+        return
+    for job_id in job_ids:
+        try:
+            retain(settings, job_id)
+        except Exception:  # one job's storage must not stop the others' retention
+            log.exception("checkpoint retention of job %s failed", job_id)
 
 
 # The last failure of each attempt whose reconcile fails, by this process: a failure that
@@ -235,12 +251,12 @@ def _mark_failed(
     )
     if not moved:
         return None
-    if retry := retry_after_disruption(session, job, attempt, failure, status, summary):
+    if retry := retry_after_disruption(session, settings, job, attempt, failure, status, summary):
         return retry  # a node taken away: the same plan again, not counted against the user
     spec = JobSpec.model_validate(job.spec)
     profile = settings.cluster_profiles()[job.cluster]
     if failure.out_of_memory and spec.escalation.enabled:
-        next_attempt, why_not = escalate(session, job, attempt, spec, profile, diagnosis)
+        next_attempt, why_not = escalate(session, settings, job, attempt, spec, profile, diagnosis)
         if next_attempt is not None:
             return next_attempt
         summary = f"{summary}; {why_not}" if why_not else summary

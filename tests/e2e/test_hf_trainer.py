@@ -16,6 +16,7 @@ fits under the same cap.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,37 @@ def test_a_cancelled_trainer_job_saves_the_step_it_reached_on_every_rank(
     assert len(shards) == 2  # both ranks saved the same step
     reason = [e["reason"] for e in done["events"] if e["subject"] == "attempt"][-1]
     assert f"stopped on request at step {saved['step']} after saving {saved['path']}" in reason
+
+
+def test_the_worker_deletes_old_trainer_checkpoints_during_the_run(
+    stack: Stack, api: Api, token: str
+) -> None:
+    stack.start_worker("w1")
+    spec = trainer_job(
+        "hf-retention",
+        steps=10,
+        zero={"stage": 2},
+        checkpoint={"interval_steps": 1, "keep_last": 2, "keep_every_steps": 5},
+    )
+    job = api.submit(spec)
+    done = api.wait_for(job["id"], {"SUCCEEDED", "FAILED"}, stack)
+    assert done["status"] == "SUCCEEDED", (done["message"], stack.logs())
+    folder = stack.data_dir / "jobs" / job["id"] / "checkpoints"
+    deadline = time.monotonic() + 60  # the last report's pass may follow the exit by a tick
+    while len(list(folder.glob("checkpoint-*"))) > 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*")) == [5, 9, 10]
+
+    done = api.job(job["id"])
+    deletions = [e for e in done["events"] if e["subject"] == "storage"]
+    assert len(deletions) == 7
+    finished = next(e for e in done["events"] if e["to_status"] == "SUCCEEDED")
+    assert deletions[0]["created_at"] < finished["created_at"]  # during the run, not after
+    kept = [c for c in done["checkpoints"] if c["deleted_at"] is None]
+    assert [c["step"] for c in kept] == [5, 9, 10]
+    assert done["checkpoint_bytes"] == sum(c["size_bytes"] for c in kept) > 0
+
+    status = zeropilot_status(stack, token, job["id"])
+    print(status)  # the README shows a run of this
+    assert "checkpoints: 3 kept (" in status and "7 deleted" in status
+    assert "storage DELETED" in status
