@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.stack import Api, Stack
@@ -85,6 +86,16 @@ def test_a_trainer_job_reports_its_metrics_and_checkpoints(
         assert state["global_step"] == checkpoint["step"]
         assert checkpoint["save_seconds"] is not None and checkpoint["save_seconds"] > 0
     assert Path(saved[0]["path"]).parent == stack.data_dir / "jobs" / job["id"] / "checkpoints"
+
+
+def metric_value(exported: str, name: str, label: str) -> float:
+    """The value of the Prometheus sample ``name{...label...}`` in a /metrics page."""
+    (value,) = [
+        float(line.rsplit(" ", 1)[1])
+        for line in exported.splitlines()
+        if line.startswith(name + "{") and label in line
+    ]
+    return value
 
 
 def trainer_arguments(checkpoint: Path) -> Any:
@@ -195,6 +206,14 @@ def test_the_worker_deletes_old_trainer_checkpoints_during_the_run(
     kept = [c for c in done["checkpoints"] if c["deleted_at"] is None]
     assert [c["step"] for c in kept] == [5, 9, 10]
     assert done["checkpoint_bytes"] == sum(c["size_bytes"] for c in kept) > 0
+
+    exported = httpx.get(f"{stack.url}/metrics", timeout=30).text  # the worker's, added up
+    kept_bytes = metric_value(exported, "zeropilot_job_checkpoint_bytes", f'job="{job["id"]}"')
+    assert kept_bytes == done["checkpoint_bytes"], [
+        line for line in exported.splitlines() if "checkpoint" in line
+    ]
+    deleted = sum(c["size_bytes"] for c in done["checkpoints"] if c["deleted_at"])
+    assert metric_value(exported, "zeropilot_checkpoint_bytes_deleted_total", "local") == deleted
 
     status = zeropilot_status(stack, token, job["id"])
     print(status)  # the README shows a run of this
