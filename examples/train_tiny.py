@@ -9,6 +9,7 @@ that a later attempt can resume from.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import resource
 import signal
@@ -124,10 +125,27 @@ def load_resume_point(engine: deepspeed.DeepSpeedEngine, resume: ResumePoint) ->
     return step
 
 
+DIE_MID_SAVE_AT_STEP = int(os.environ.get("TINY_DIE_MID_SAVE_AT_STEP", "0"))  # tests only
+
+
+def _write_half_then_die(obj: object, path: str, *args: object, **kwargs: object) -> None:
+    """Tests: rank 1's save is cut off halfway by SIGKILL, as a killed node's would be."""
+    buffer = io.BytesIO()
+    _TORCH_SAVE(obj, buffer)
+    with open(path, "wb") as out:
+        out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_TORCH_SAVE = torch.save
+
+
 def save(engine: deepspeed.DeepSpeedEngine, reporter: Reporter, save_dir: str, step: int) -> str:
     """Save a checkpoint on every rank; rank 0 reports it once DeepSpeed has written it all."""
     tag = f"global_step{step}"
     began = time.perf_counter()
+    if step == DIE_MID_SAVE_AT_STEP and torch.distributed.get_rank() == 1:
+        torch.save = _write_half_then_die  # type: ignore[assignment]
     engine.save_checkpoint(save_dir, tag=tag, client_state={"step": step})
     path = os.path.join(save_dir, tag)
     if torch.distributed.get_rank() == 0:

@@ -61,6 +61,17 @@ ATTEMPTS_PREEMPTED = Counter(
     "Attempts stopped from outside after saving; the job went on from that checkpoint.",
     ["cluster"],
 )
+CHECKPOINT_BYTES_DELETED = Counter(
+    "zeropilot_checkpoint_bytes_deleted_total",
+    "Bytes of checkpoints that retention (checkpoint.keep_last, ...) deleted.",
+    ["cluster"],
+)
+JOB_CHECKPOINT_BYTES = Gauge(
+    "zeropilot_job_checkpoint_bytes",
+    "Bytes of each job's kept checkpoints, as the worker's last retention pass measured them.",
+    ["job", "team"],
+    multiprocess_mode="mostrecent",
+)
 ESCALATIONS = Counter(
     "zeropilot_escalations_total",
     "Jobs sent one rung up the memory ladder after a failure.",
@@ -239,6 +250,8 @@ def _forget(session: Session, *_args: Any) -> None:
 
 
 def _count(seen: _Seen) -> None:
+    if seen.subject not in ("job", "attempt"):  # a deletion, not a status change
+        return
     if seen.subject == "attempt":
         if seen.to_status == AttemptStatus.FAILED:
             ATTEMPTS_FAILED.labels(seen.cluster, seen.failure_class or "UNKNOWN").inc()

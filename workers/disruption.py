@@ -13,10 +13,12 @@ from sqlmodel import Session
 from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
-from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
+from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Checkpoint, Job
 from service.db.transitions import move_attempt, move_job
+from service.settings import Settings
 from workers.backends.base import BackendState, BackendStatus
+from workers.retention import resume_checkpoint
 
 MAX_DISRUPTION_RETRIES = 3  # per job: a cluster that keeps taking nodes away ends it
 DISRUPTION_RUNG = "retry after a disruption"  # how these attempts are told apart
@@ -33,6 +35,7 @@ def disruption_retries(session: Session, job: Job, rung: str = DISRUPTION_RUNG) 
 
 def retry_after_disruption(
     session: Session,
+    settings: Settings,
     job: Job,
     attempt: Attempt,
     failure: FailureClass,
@@ -54,7 +57,7 @@ def retry_after_disruption(
     if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {summary[:300]}"):
         return None
     new, checkpoint = same_plan_again(
-        session, job, attempt, f"{rung} ({status.native_state or failure})"
+        session, settings, job, attempt, f"{rung} ({status.native_state or failure})"
     )
     number = new.number
     move_job(
@@ -74,7 +77,12 @@ PREEMPTION_RUNG = "resume after preemption"
 
 
 def requeue_preempted(
-    session: Session, job: Job, attempt: Attempt, summary: str, evidence: dict[str, object]
+    session: Session,
+    settings: Settings,
+    job: Job,
+    attempt: Attempt,
+    summary: str,
+    evidence: dict[str, object],
 ) -> str | None:
     """The attempt zeropilot stopped for another job has ended: the job waits again at its
     original place (admission orders by submit time), its next attempt the same plan from the
@@ -95,7 +103,7 @@ def requeue_preempted(
     if not moved:
         return None
     new, checkpoint = same_plan_again(
-        session, job, attempt, f"{PREEMPTION_RUNG} (by job {preemptor})"
+        session, settings, job, attempt, f"{PREEMPTION_RUNG} (by job {preemptor})"
     )
     number = new.number
     where = f" from the step-{checkpoint.step} checkpoint" if checkpoint else ""
@@ -116,12 +124,12 @@ def requeue_preempted(
 
 
 def same_plan_again(
-    session: Session, job: Job, attempt: Attempt, rung: str
+    session: Session, settings: Settings, job: Job, attempt: Attempt, rung: str
 ) -> tuple[Attempt, Checkpoint | None]:
-    """The next attempt: the same plan, resuming natively from the latest checkpoint (the
+    """The next attempt: the same plan, resuming natively from the newest complete checkpoint (the
     stage and world size are unchanged, so no conversion), and that checkpoint."""
     spec = JobSpec.model_validate(job.spec)
-    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
     new = add_attempt(
         session,
         job,

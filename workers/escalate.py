@@ -10,14 +10,17 @@ from service.core.escalation import Decision, evidence_from, replan
 from service.core.failures import Diagnosis
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
-from service.db.jobs import add_attempt, attempts_of, latest_checkpoint
+from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Job, JobEvent
 from service.db.transitions import move_job
+from service.settings import Settings
 from workers.disruption import DISRUPTION_RUNG
+from workers.retention import resume_checkpoint
 
 
 def escalate(
     session: Session,
+    settings: Settings,
     job: Job,
     attempt: Attempt,
     spec: JobSpec,
@@ -51,7 +54,7 @@ def escalate(
     )
     if not moved:
         return None, ""
-    return _queue(session, job, attempt, spec, profile, current, decision), ""
+    return _queue(session, settings, job, attempt, spec, profile, current, decision), ""
 
 
 def _escalation_reason(
@@ -80,6 +83,7 @@ def _note(session: Session, attempt: Attempt, reason: str) -> None:
 
 def _queue(
     session: Session,
+    settings: Settings,
     job: Job,
     attempt: Attempt,
     spec: JobSpec,
@@ -88,7 +92,7 @@ def _queue(
     decision: Decision,
 ) -> str:
     assert decision.plan is not None
-    checkpoint = latest_checkpoint(session, job.id) if spec.checkpoint.resume else None
+    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
     method = resume_method(current, decision.plan) if checkpoint else None
     plan = decision.plan.model_dump(mode="json")
     if method == "universal":  # the engine must be built to load one

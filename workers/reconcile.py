@@ -44,6 +44,7 @@ from workers.backends.base import BackendState, BackendStatus, TemporaryError
 from workers.backends.calls import calls_sent
 from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
+from workers.retention import jobs_with_unchecked_checkpoints, retain
 from workers.watched import ACTIVE_ATTEMPT, PollCounts, Watched, active_attempts, unchanged
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def _reconcile_pass(settings: Settings, holder: str) -> None:
         )
         send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     counts = _poll_clusters(settings, holder)
+    _retain_checkpoints(settings)
     _report_pass(settings, time.monotonic() - started, counts)
 
 
@@ -159,6 +161,20 @@ def _report_pass(settings: Settings, seconds: float, counts: list[PollCounts]) -
             sum(c.calls for c in counts),
             ", ".join(f"{c.backend}: {c.attempts} in {c.seconds:.2f} s" for c in counts),
         )
+
+
+def _retain_checkpoints(settings: Settings) -> None:
+    """Retention for jobs with a checkpoint reported since the last pass (workers.retention)."""
+    try:
+        job_ids = jobs_with_unchecked_checkpoints(settings)
+    except Exception:
+        log.exception("could not look for new checkpoints")
+        return
+    for job_id in job_ids:
+        try:
+            retain(settings, job_id)
+        except Exception:  # one job's storage must not stop the others' retention
+            log.exception("checkpoint retention of job %s failed", job_id)
 
 
 # The last failure of each attempt whose reconcile fails, by this process: a failure that
@@ -366,7 +382,8 @@ def _mark_failed(
     if job.stopping_for:  # zeropilot stopped it for another job: back in line, not a failure
         evidence = {**attempt.failure_evidence, **diagnosis.as_record()}
         fields = {"exit_code": status.exit_code, "native_state": status.native_state}
-        requeue_preempted(session, job, attempt, summary, {**fields, "failure_evidence": evidence})
+        evidence = {**fields, "failure_evidence": evidence}
+        requeue_preempted(session, settings, job, attempt, summary, evidence)
         return None
     ended = AttemptStatus.PREEMPTED if failure == FailureClass.PREEMPTED else AttemptStatus.FAILED
     moved = move_attempt(
@@ -383,12 +400,12 @@ def _mark_failed(
     )
     if not moved:
         return None
-    if retry := retry_after_disruption(session, job, attempt, failure, status, summary):
+    if retry := retry_after_disruption(session, settings, job, attempt, failure, status, summary):
         return retry  # a node taken away: the same plan again, not counted against the user
     spec = JobSpec.model_validate(job.spec)
     profile = settings.cluster_profiles()[job.cluster]
     if failure.out_of_memory and spec.escalation.enabled:
-        next_attempt, why_not = escalate(session, job, attempt, spec, profile, diagnosis)
+        next_attempt, why_not = escalate(session, settings, job, attempt, spec, profile, diagnosis)
         if next_attempt is not None:
             return next_attempt
         summary = f"{summary}; {why_not}" if why_not else summary

@@ -244,7 +244,25 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
     if job["metrics"]:
         console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))
     if job["checkpoints"]:
-        console.print(f"checkpoint: {job['checkpoints'][-1]['path']}", highlight=False)
+        print_checkpoints(job)
+
+
+def print_checkpoints(job: dict[str, Any]) -> None:
+    """The checkpoints kept on disk, their bytes, and the ones retention deleted."""
+    rows = job["checkpoints"]
+    kept = [c for c in rows if not c.get("deleted_at")]
+    deleted = len(rows) - len(kept)
+    total = _mib(job.get("checkpoint_bytes", 0))
+    console.print(f"checkpoints: {len(kept)} kept ({total}), {deleted} deleted", highlight=False)
+    for checkpoint in kept:
+        state = {True: "complete", False: "incomplete", None: "not checked yet"}
+        size = _mib(checkpoint["size_bytes"]) if checkpoint.get("size_bytes") else "?"
+        line = f"  step {checkpoint['step']:>6}  {size:>10}  {state[checkpoint.get('complete')]}"
+        console.print(f"{line}  {checkpoint['path']}", highlight=False, markup=False)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 1024**2:.2f} MiB"
 
 
 @app.command()

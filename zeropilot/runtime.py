@@ -137,16 +137,26 @@ class Reporter:
         self.device_memory()
         try:
             yield
-        except MemoryError as exc:
+        except (MemoryError, RuntimeError) as exc:
+            self.report_oom(exc)
+            raise
+
+    def report_oom(self, exc: BaseException) -> bool:
+        """Tag ``exc`` as OOM_HOST or OOM_GPU, with this process's numbers, if it is an
+        allocator failure (torch.OutOfMemoryError subclasses RuntimeError); whether it was."""
+        if isinstance(exc, MemoryError):
             self.failure("OOM_HOST", f"MemoryError: {exc}", host_memory())
-            raise
-        except RuntimeError as exc:  # torch.OutOfMemoryError subclasses RuntimeError
-            text = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            if any(p in text.lower() for p in _OOM_HOST_PATTERNS):
-                self.failure("OOM_HOST", text, host_memory())
-            elif any(p in text.lower() for p in _OOM_GPU_PATTERNS):
-                self.failure("OOM_GPU", text, device_memory())
-            raise
+            return True
+        if not isinstance(exc, RuntimeError):
+            return False
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if any(p in text.lower() for p in _OOM_HOST_PATTERNS):
+            self.failure("OOM_HOST", text, host_memory())
+        elif any(p in text.lower() for p in _OOM_GPU_PATTERNS):
+            self.failure("OOM_GPU", text, device_memory())
+        else:
+            return False
+        return True
 
     def _post(self, kind: str, payload: dict[str, Any]) -> None:
         if not self.enabled:

@@ -79,6 +79,7 @@ class MetricPublic(Public):
     loss: float | None
     tokens_per_s: float | None
     memory_peak_bytes: int | None
+    extra: dict[str, float] = {}  # what else the training code reported (learning_rate, ...)
     created_at: datetime
 
 
@@ -89,6 +90,10 @@ class CheckpointPublic(Public):
     path: str
     tag: str | None
     save_seconds: float | None  # how long the training code took to write it
+    # What the worker's retention pass found: every rank's files there; its bytes on disk
+    complete: bool | None = None
+    size_bytes: int | None = None
+    deleted_at: datetime | None = None  # retention deleted it (checkpoint.keep_last, ...)
     created_at: datetime
 
 
@@ -102,6 +107,7 @@ class JobDetail(JobPublic):
     events: list[EventPublic]
     metrics: list[MetricPublic]
     checkpoints: list[CheckpointPublic]
+    checkpoint_bytes: int = 0  # of the checkpoints retention keeps, as last measured
 
 
 class LogsPublic(BaseModel):

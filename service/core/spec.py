@@ -193,6 +193,13 @@ class ZeroSpec(Strict):
         return self
 
 
+class KeepBest(Strict):
+    """Keep the checkpoint whose step's metric (``loss`` or a reported extra) is best."""
+
+    metric: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-/]+$")]
+    mode: Literal["min", "max"] = "min"
+
+
 class CheckpointSpec(Strict):
     dir: Text | None = None  # default: the job's folder on the cluster's shared storage
     interval_steps: PositiveInt = 100
@@ -200,6 +207,11 @@ class CheckpointSpec(Strict):
     # Seconds between SIGTERM (save now) and SIGKILL when the job is stopped; default: sized
     # from its measured saves (service.core.stopping).
     grace_s: Annotated[int, Field(ge=1, le=MAX_GRACE_S)] | None = None
+    # Retention (service.core.retention): the newest complete checkpoints, a permanent one
+    # every N steps, the best by a metric; the worker deletes the rest during the run.
+    keep_last: Annotated[int, Field(ge=1, le=1000)] = 2
+    keep_every_steps: PositiveInt | None = None
+    keep_best: KeepBest | None = None
 
 
 class EscalationSpec(Strict):

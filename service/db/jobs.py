@@ -302,15 +302,6 @@ def checkpoints_of(session: Session, job_id: str) -> Sequence[Checkpoint]:
     return session.exec(query).all()
 
 
-def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    query = (
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id)
-        .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
-    )
-    return session.exec(query).first()
-
-
 def record_metric(session: Session, attempt: Attempt, values: dict[str, Any]) -> MetricPoint:
     """Store one step's metrics; a repeated report for the same step replaces the first."""
     query = select(MetricPoint).where(
@@ -355,6 +346,14 @@ def record_checkpoint(
     session.add(checkpoint)
     session.flush()
     return checkpoint
+
+
+def checkpoint_bytes(session: Session, job_id: str) -> int:
+    """The bytes of the job's checkpoints that retention has not deleted, as last measured."""
+    query = select(func.coalesce(func.sum(Checkpoint.size_bytes), 0)).where(
+        Checkpoint.job_id == job_id, col(Checkpoint.deleted_at).is_(None)
+    )
+    return int(session.exec(query).one() or 0)
 
 
 def save_durations(session: Session, job_id: str) -> list[float]:

@@ -174,6 +174,9 @@ class MetricPoint(SQLModel, table=True):
 
 
 class Checkpoint(SQLModel, table=True):
+    # The worker's retention pass finds the checkpoints it has not looked at yet.
+    __table_args__ = (Index("ix_checkpoint_unchecked", "checked_at"),)
+
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True, max_length=16)
     attempt_id: str = Field(foreign_key="attempt.id", max_length=16)
@@ -181,4 +184,9 @@ class Checkpoint(SQLModel, table=True):
     path: str
     tag: str | None = None
     save_seconds: float | None = None  # reported by the training code
+    # What the worker found on disk (workers.retention): every rank's files there, the bytes.
+    complete: bool | None = None
+    size_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    checked_at: datetime | None = None
+    deleted_at: datetime | None = None  # retention deleted it; the row stays, for the history
     created_at: datetime = Field(default_factory=utcnow)

@@ -94,6 +94,9 @@ def test_console_submits_the_example_and_plots_what_the_api_recorded(
     assert_plots(*plotted(page, "#rate-chart"), rates)
     expect(page.locator("#log")).to_contain_text(f"step {STEPS} loss")
     expect(page.locator("#job-checkpoints")).to_contain_text("global_step8")
+    # The worker's retention pass measured them (it may follow the exit by a tick or two)
+    kept = re.compile(r"Checkpoints \(\d+ kept, (?!0\.00)[0-9.]+ MiB; \d+ deleted\)")
+    expect(page.locator("#job-checkpoints h2")).to_have_text(kept, timeout=60_000)
     expect(page.locator("#job-attempts")).to_contain_text("attempt 1")
     page.screenshot(path=artifacts / "job.png", full_page=True)
 

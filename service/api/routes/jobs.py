@@ -480,5 +480,6 @@ def _detail(session: Session, job: Job, team: str) -> JobDetail:
             "checkpoints": [
                 CheckpointPublic.model_validate(c) for c in _latest(session, Checkpoint, job.id)
             ],
+            "checkpoint_bytes": job_store.checkpoint_bytes(session, job.id),
         }
     )

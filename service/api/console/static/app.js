@@ -351,10 +351,14 @@ function memoryChart(rows, budget) {
 }
 function renderCheckpoints(node, job) {
   const numbers = Object.fromEntries(job.attempts.map((a) => [a.id, a.number]));
-  fill(node, el("h2", {}, `Checkpoints (${job.checkpoints.length})`),
-    job.checkpoints.length ? el("table", {}, el("thead", {}, el("tr", {}, ["step", "attempt", "path", "saved"].map((h) => el("th", {}, h)))),
+  const kept = job.checkpoints.filter((c) => !c.deleted_at).length;
+  const deleted = job.checkpoints.length - kept;
+  const state = (c) => c.deleted_at ? `deleted ${fmtTime(c.deleted_at)}` : c.complete === null ? "not checked yet" : c.complete ? "complete" : "incomplete";
+  fill(node, el("h2", {}, `Checkpoints (${kept} kept, ${fmtBytes(job.checkpoint_bytes || 0)}; ${deleted} deleted)`),
+    job.checkpoints.length ? el("table", {}, el("thead", {}, el("tr", {}, ["step", "attempt", "path", "saved", "size", "state"].map((h) => el("th", {}, h)))),
       el("tbody", {}, job.checkpoints.map((c) => el("tr", {}, el("td", {}, String(c.step)), el("td", {}, String(numbers[c.attempt_id])),
-        el("td", { class: "small" }, c.path), el("td", { class: "small" }, fmtTime(c.created_at))))))
+        el("td", { class: "small" }, c.path), el("td", { class: "small" }, fmtTime(c.created_at)),
+        el("td", { class: "small" }, c.size_bytes === null ? "?" : fmtBytes(c.size_bytes)), el("td", { class: "small" }, state(c))))))
       : el("p", { class: "muted" }, "None yet."));
 }
 function logPanel(id) {
