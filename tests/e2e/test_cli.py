@@ -54,7 +54,8 @@ def test_submit_wait_prints_the_journey_and_exits_zero(
     listing = json.loads(zeropilot(stack, token, "list", "--json").stdout)
     job_id = listing["data"][0]["id"]
     status = zeropilot(stack, token, "status", job_id)
-    assert "SUCCEEDED" in status.stdout and "checkpoint:" in status.stdout
+    assert "SUCCEEDED" in status.stdout and "checkpoints:" in status.stdout
+    assert "global_step12" in status.stdout
     metrics = json.loads(zeropilot(stack, token, "metrics", job_id, "--json").stdout)
     assert [m["step"] for m in metrics] == list(range(1, 13))
     logs = zeropilot(stack, token, "logs", job_id, "--tail", "20")
