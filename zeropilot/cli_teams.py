@@ -22,12 +22,15 @@ def list_teams(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(teams)
         return
-    table = Table("team", "GPU quota", "share", "GPUs held", "jobs waiting")
+    table = Table(
+        "team", "GPU quota", "share", "GPUs held", "borrowed", "lent", "borrow limit",
+        "jobs waiting",
+    )  # fmt: skip
     for team in teams:
-        quota = "none" if team["gpu_quota"] is None else str(team["gpu_quota"])
         table.add_row(
-            team["name"], quota, str(team["gpu_share"]), str(team["gpus_held"]),
-            str(team["jobs_waiting"]),
+            team["name"], _or_none(team["gpu_quota"]), str(team["gpu_share"]),
+            str(team["gpus_held"]), str(team["gpus_borrowed"]), str(team["gpus_lent"]),
+            _or_none(team["gpu_borrow_limit"]), str(team["jobs_waiting"]),
         )  # fmt: skip
     console.print(table)
 
@@ -39,6 +42,15 @@ def set_team(
         int | None, typer.Option(help="GPUs the team's admitted jobs may hold at once.", min=1)
     ] = None,
     no_gpu_quota: Annotated[bool, typer.Option("--no-gpu-quota", help="Remove the quota.")] = False,
+    borrow_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="With borrowing on: GPUs past its quota the team may borrow (0: never).", min=0
+        ),
+    ] = None,
+    no_borrow_limit: Annotated[
+        bool, typer.Option("--no-borrow-limit", help="Let the team borrow any idle GPUs.")
+    ] = False,
     share: Annotated[
         int | None, typer.Option(help="Fair-share weight (1-1000; default 1).", min=1, max=1000)
     ] = None,
@@ -54,12 +66,17 @@ def set_team(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Change a team's quota, share or checkpoint roots; waiting jobs that now fit start."""
+    """Change a team's quota, borrow limit, share or checkpoint roots; waiting jobs that now
+    fit start."""
     fields: dict[str, Any] = {}
     if gpu_quota is not None and no_gpu_quota:
         fail("give --gpu-quota N or --no-gpu-quota, not both", 2)
     if gpu_quota is not None or no_gpu_quota:
         fields["gpu_quota"] = gpu_quota
+    if borrow_limit is not None and no_borrow_limit:
+        fail("give --borrow-limit N or --no-borrow-limit, not both", 2)
+    if borrow_limit is not None or no_borrow_limit:
+        fields["gpu_borrow_limit"] = borrow_limit
     if share is not None:
         fields["gpu_share"] = share
     if checkpoint_root and no_checkpoint_roots:
@@ -68,8 +85,8 @@ def set_team(
         fields["checkpoint_roots"] = checkpoint_root or []
     if not fields:
         fail(
-            "nothing to change: give --gpu-quota, --no-gpu-quota, --share, --checkpoint-root"
-            " or --no-checkpoint-roots",
+            "nothing to change: give --gpu-quota, --no-gpu-quota, --borrow-limit,"
+            " --no-borrow-limit, --share, --checkpoint-root or --no-checkpoint-roots",
             2,
         )
     team = call_api(api_client().update_team, name, **fields)
@@ -78,7 +95,15 @@ def set_team(
         return
     quota = "no quota" if team["gpu_quota"] is None else f"quota {team['gpu_quota']} GPUs"
     roots = ", ".join(team["checkpoint_roots"]) or "none"
+    limit = _or_none(team["gpu_borrow_limit"])
     console.print(
-        f"team {team['name']}: {quota}, share {team['gpu_share']}, checkpoint roots {roots}; "
-        f"holds {team['gpus_held']} GPUs, {team['jobs_waiting']} job(s) waiting"
+        f"team {team['name']}: {quota}, borrow limit {limit}, share {team['gpu_share']},"
+        f" checkpoint roots {roots}; holds {team['gpus_held']} GPUs (borrowed"
+        f" {team['gpus_borrowed']}, lent {team['gpus_lent']}), {team['jobs_waiting']} job(s)"
+        " waiting",
+        highlight=False,
     )
+
+
+def _or_none(gpus: int | None) -> str:
+    return "none" if gpus is None else str(gpus)

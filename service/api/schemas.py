@@ -200,6 +200,9 @@ class TeamPublic(BaseModel):
     gpu_quota: int | None  # GPUs its admitted jobs may hold at once; null: no limit
     gpu_share: int  # fair-share weight
     gpus_held: int  # by its admitted, unfinished jobs
+    gpu_borrow_limit: int | None  # GPUs past its quota it may borrow; null: no limit
+    gpus_borrowed: int  # held past its quota, on other teams' idle GPUs (docs/scheduling.md)
+    gpus_lent: int  # of its idle quota, what other teams' borrowing jobs use now
     jobs_waiting: int  # PENDING, waiting for admission
     checkpoint_roots: list[str]  # where its jobs may name their own checkpoint.dir
 
@@ -211,4 +214,6 @@ class TeamUpdate(BaseModel):
     # strict: true, "8" and 8.0 are refused, not read as a quota of 1 and of 8
     gpu_quota: int | None = Field(default=None, ge=1, le=INT32_MAX, strict=True)
     gpu_share: int = Field(default=1, ge=1, le=1000, strict=True)
+    # with borrowing on: GPUs past its quota it may borrow; null: no limit, 0: never borrows
+    gpu_borrow_limit: int | None = Field(default=None, ge=0, le=INT32_MAX, strict=True)
     checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)

@@ -40,6 +40,7 @@ def limits_of(
         team_share={team.name: team.gpu_share for team in teams},
         cluster_cap={name: profile.max_gpus for name, profile in profiles.items()},
         borrowing=borrowing,
+        team_borrow_limit={team.name: team.borrow_limit for team in teams},
     )
 
 

@@ -30,6 +30,7 @@ class Team(SQLModel, table=True):
     name: str = Field(unique=True, index=True, max_length=64)
     gpu_quota: int | None = None  # GPUs its admitted jobs may hold at once; None: no limit
     gpu_share: int = 1  # fair-share weight among teams waiting for the same cluster
+    borrow_limit: int | None = None  # GPUs past its quota it may borrow (borrowing on); None: any
     # Folders (set by an admin) where the team's jobs may name their own checkpoint.dir.
     checkpoint_roots: list[str] = Field(
         default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")

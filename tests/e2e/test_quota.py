@@ -44,6 +44,9 @@ def test_a_job_over_the_quota_starts_when_the_first_finishes(
             "gpu_quota": 2,
             "gpu_share": 1,
             "gpus_held": 2,
+            "gpu_borrow_limit": None,
+            "gpus_borrowed": 0,
+            "gpus_lent": 0,
             "jobs_waiting": 0,
             "checkpoint_roots": [],
         }

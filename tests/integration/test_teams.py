@@ -137,6 +137,9 @@ def test_teams_show_what_they_hold_and_only_admins_change_them(
             "gpu_quota": 2,
             "gpu_share": 3,
             "gpus_held": 2,
+            "gpu_borrow_limit": None,
+            "gpus_borrowed": 0,
+            "gpus_lent": 0,
             "jobs_waiting": 1,
             "checkpoint_roots": [],
         }
@@ -173,3 +176,42 @@ def test_quota_and_share_must_be_json_integers_and_a_refusal_names_the_field(
 
     vision = next(t for t in client.get("/v1/teams", headers=root).json() if t["name"] == "vision")
     assert (vision["gpu_quota"], vision["gpu_share"]) == (None, 1)  # nothing was changed
+
+
+def test_teams_show_borrowed_and_lent_gpus_and_a_borrow_limit_holds_a_job_back(
+    capped_settings: Settings, tokens: dict[str, str]
+) -> None:
+    scheduling = capped_settings.scheduling.model_copy(update={"borrowing": True})
+    sharing = capped_settings.model_copy(update={"scheduling": scheduling})
+    with TestClient(create_app(sharing)) as client:
+        set_quota(client, tokens, "vision", gpu_quota=2)
+        limited = set_quota(client, tokens, "speech", gpu_quota=2, gpu_borrow_limit=2)
+        assert limited["gpu_borrow_limit"] == 2
+        submitted = [submit(client, tokens["bob"], f"s{i}")["id"] for i in range(3)]
+        reconcile(sharing)  # a job past its quota borrows in the admission pass, not at submit
+        own, borrower, third = (job(client, tokens["bob"], job_id) for job_id in submitted)
+
+        assert [own["status"], borrower["status"], third["status"]] == [
+
+            "QUEUED", "QUEUED", "PENDING",
+        ]  # fmt: skip
+        assert (own["borrowing"], borrower["borrowing"]) == (False, True)
+        assert third["message"] == (
+            "waiting: team speech would borrow 4 GPUs past its 2-GPU quota with this job;"
+            " its borrow limit is 2"
+        )
+        teams = client.get("/v1/teams", headers=auth(tokens["root"])).json()
+        shown = {t["name"]: (t["gpus_held"], t["gpus_borrowed"], t["gpus_lent"]) for t in teams}
+        assert shown == {"ops": (0, 0, 0), "speech": (4, 2, 0), "vision": (0, 0, 2)}
+        scraped = client.get("/metrics").text
+        assert 'zeropilot_team_gpus_borrowed{team="speech"} 2.0' in scraped
+        assert 'zeropilot_team_gpus_lent{team="vision"} 2.0' in scraped
+
+        never = set_quota(client, tokens, "speech", gpu_borrow_limit=0)  # 0: never borrows
+        assert never["gpu_borrow_limit"] == 0
+        lifted = set_quota(client, tokens, "speech", gpu_borrow_limit=None)
+        assert lifted["gpu_borrow_limit"] is None
+        negative = client.patch(
+            "/v1/teams/speech", json={"gpu_borrow_limit": -1}, headers=auth(tokens["root"])
+        )
+        assert negative.status_code == 422

@@ -19,6 +19,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from service.api.deps import SettingsDep
+from service.core.sharing import sharing
 from service.core.states import JobStatus
 from service.db.admission import held
 from service.db.models import Job, Team
@@ -76,6 +77,16 @@ def _team_gauges(session: Session) -> Iterator[Metric]:
     quota = GaugeMetricFamily(
         "zeropilot_team_gpu_quota", "GPU quota, where one is set.", labels=["team"]
     )
+    borrowed = GaugeMetricFamily(
+        "zeropilot_team_gpus_borrowed",
+        "GPUs held past the team's quota, on other teams' idle GPUs.",
+        labels=["team"],
+    )
+    lent = GaugeMetricFamily(
+        "zeropilot_team_gpus_lent",
+        "Of the team's idle quota, GPUs other teams' borrowing jobs use now.",
+        labels=["team"],
+    )
     waiting = session.exec(
         select(Job.team_id, func.count(), func.min(Job.created_at))
         .where(col(Job.status) == JobStatus.PENDING)
@@ -85,14 +96,17 @@ def _team_gauges(session: Session) -> Iterator[Metric]:
         team_id: (count, first) for team_id, count, first in waiting
     }
     now = datetime.now(UTC)
+    shown = sharing(usage.by_team, {team.name: team.gpu_quota for team in teams})
     for team in teams:
         count, first = by_team.get(team.id, (0, None))
         depth.add_metric([team.name], count)
         oldest.add_metric([team.name], _age_s(now, first))
         gpus.add_metric([team.name], usage.by_team.get(team.name, 0))
+        borrowed.add_metric([team.name], shown[team.name].borrowed)
+        lent.add_metric([team.name], shown[team.name].lent)
         if team.gpu_quota is not None:
             quota.add_metric([team.name], team.gpu_quota)
-    yield from (depth, oldest, gpus, quota)
+    yield from (depth, oldest, gpus, quota, borrowed, lent)
 
 
 def _age_s(now: datetime, since: datetime | None) -> float:

@@ -10,6 +10,7 @@ from service.api.errors import body_field_error, error_responses
 from service.api.schemas import TeamPublic, TeamUpdate
 from service.checkpoint_paths import roots_conflict
 from service.core.admission import Held
+from service.core.sharing import TeamSharing, sharing
 from service.core.states import JobStatus
 from service.db.admission import admit_pending, held
 from service.db.models import Job, Team
@@ -27,7 +28,8 @@ def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
         query = query.where(Team.id == user.team_id)
     teams = session.exec(query).all()
     usage, waiting = _usage(session), _waiting_counts(session)
-    return [_public(team, usage, waiting) for team in teams]
+    shown = _sharing(session, usage)
+    return [_public(team, shown, waiting) for team in teams]
 
 
 @router.patch("/{name}", response_model=TeamPublic, responses=error_responses(403, 404))
@@ -41,6 +43,8 @@ def update_team(
     fields = body.model_dump(exclude_unset=True)
     if "checkpoint_roots" in fields:
         _check_roots(session, settings, team, fields["checkpoint_roots"])
+    if "gpu_borrow_limit" in fields:  # the API's name says GPUs; the column's is shorter
+        fields["borrow_limit"] = fields.pop("gpu_borrow_limit")
     for field, value in fields.items():
         setattr(team, field, value)
     session.add(team)
@@ -48,7 +52,7 @@ def update_team(
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
-    return _public(team, _usage(session), _waiting_counts(session))
+    return _public(team, _sharing(session, _usage(session)), _waiting_counts(session))
 
 
 def _check_roots(session: Session, settings: Settings, team: Team, roots: list[str]) -> None:
@@ -63,6 +67,12 @@ def _usage(session: Session) -> Held:
     return held(session, names)
 
 
+def _sharing(session: Session, usage: Held) -> dict[str, TeamSharing]:
+    """Nominal, held, borrowed and lent GPUs of every team (lending needs all of them)."""
+    quotas = dict(session.exec(select(Team.name, Team.gpu_quota)).all())
+    return sharing(usage.by_team, quotas)
+
+
 def _waiting_counts(session: Session) -> dict[int, int]:
     """PENDING jobs per team id, counted in the database (no job row is loaded)."""
     query = (
@@ -73,12 +83,16 @@ def _waiting_counts(session: Session) -> dict[int, int]:
     return {team_id: count for team_id, count in session.exec(query).all()}
 
 
-def _public(team: Team, usage: Held, waiting: dict[int, int]) -> TeamPublic:
+def _public(team: Team, shown: dict[str, TeamSharing], waiting: dict[int, int]) -> TeamPublic:
+    own = shown[team.name]
     return TeamPublic(
         name=team.name,
         gpu_quota=team.gpu_quota,
         gpu_share=team.gpu_share,
-        gpus_held=usage.by_team.get(team.name, 0),
+        gpus_held=own.held,
+        gpu_borrow_limit=team.borrow_limit,
+        gpus_borrowed=own.borrowed,
+        gpus_lent=own.lent,
         jobs_waiting=waiting.get(team.id or 0, 0),
         checkpoint_roots=team.checkpoint_roots,
     )

@@ -568,14 +568,16 @@ async function teamsView() {
   const refresh = async () => {
     const [rows, waiting] = await Promise.all([api("/v1/teams"), api("/console/api/queue")]);
     fill(teams, ...rows.map((t) => el("tr", { "data-team": t.name }, el("td", {}, el("b", {}, t.name)),
-      el("td", {}, quotaBar(t.gpus_held, t.gpu_quota)), el("td", {}, String(t.gpu_share)), el("td", {}, String(t.jobs_waiting)))));
+      el("td", {}, quotaBar(t.gpus_held, t.gpu_quota)), el("td", {}, String(t.gpus_borrowed)), el("td", {}, String(t.gpus_lent)),
+      el("td", {}, t.gpu_borrow_limit === null ? "none" : String(t.gpu_borrow_limit)),
+      el("td", {}, String(t.gpu_share)), el("td", {}, String(t.jobs_waiting)))));
     fill(queue, ...waiting.map((q) => el("tr", { class: "clickable", onclick: () => { location.hash = `#/jobs/${q.id}`; } },
       el("td", {}, String(q.position)), el("td", {}, el("a", { href: `#/jobs/${q.id}` }, q.name)), el("td", {}, q.team), el("td", {}, q.cluster),
       el("td", {}, String(q.gpus)), el("td", {}, String(q.priority)), el("td", { title: fmtTime(q.submitted_at) }, fmtAge(q.submitted_at)), el("td", { class: "small" }, q.why))));
     if (!waiting.length) queue.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "Nothing waits for admission.")));
   };
   screen.show(el("div", { class: "card" }, el("h1", {}, "Teams"), el("p", { class: "muted small" }, me.is_admin ? "Every team (you are an admin)." : "Your team."),
-    el("table", {}, el("thead", {}, el("tr", {}, ["team", "GPUs held / quota", "fair share", "jobs waiting"].map((h) => el("th", {}, h)))), teams)),
+    el("table", {}, el("thead", {}, el("tr", {}, ["team", "GPUs held / quota", "borrowed", "lent", "borrow limit", "fair share", "jobs waiting"].map((h) => el("th", {}, h)))), teams)),
   el("div", { class: "card" }, el("h2", {}, "Queue, in admission order"),
     el("p", { class: "muted small" }, "Higher priority first, then the team holding the fewest GPUs per share, then the oldest."),
     el("table", {}, el("thead", {}, el("tr", {}, ["#", "job", "team", "cluster", "GPUs", "priority", "waiting", "why"].map((h) => el("th", {}, h)))), queue)));

@@ -1,0 +1,26 @@
+"""borrow limit per team: how many GPUs past its quota it may borrow (null: no limit)
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-02 14:10:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("team", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("borrow_limit", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("team", schema=None) as batch_op:
+        batch_op.drop_column("borrow_limit")
