@@ -12,7 +12,9 @@ same pure functions zeropilot runs (``service.core.admission.admit``,
   loses the work since its last interval checkpoint (its 30 s grace is a plain SIGTERM);
 - ``zeropilot``: borrowing; victims borrowers first, lowest priority, least work lost per GPU; a
   10-minute minimum runtime; no preempting back; a stopped job saves (its save time is the only
-  GPU time it loses) and is requeued at its original submit time.
+  GPU time it loses) and is requeued at its original submit time; a preempted job borrows again
+  only after a back-off (10 minutes, doubling with each preemption; within its own quota it
+  starts at once). ``zeropilot, no back-off`` is the same without the back-off.
 
     python bench/replay_week.py [--seed 7] [--days 7]
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from service.core.admission import Held, Limits, Waiting, admit
-from service.core.preemption import Policy, Running, choose_victims
+from service.core.preemption import Policy, Running, borrow_backoff, choose_victims
 
 TICK_S = 60
 START = datetime(2026, 11, 23, tzinfo=UTC)
@@ -58,6 +60,7 @@ class Job:
     graceful: bool = False
     preempted_by: set[str] = field(default_factory=set)
     preemptions: int = 0
+    requeued_at: datetime | None = None
     finished: datetime | None = None
 
 
@@ -94,6 +97,7 @@ class Scheme:
     borrowing: bool
     preemption: Policy | None
     graceful: bool
+    backoff: bool = False  # a preempted job waits before it borrows again
 
 
 SCHEMES = (
@@ -104,7 +108,8 @@ SCHEMES = (
         preemption=Policy(min_runtime_s=0, newest_first=True, allow_preempting_back=True),
         graceful=False,
     ),
-    Scheme("zeropilot", borrowing=True, preemption=Policy(), graceful=True),
+    Scheme("zeropilot, no back-off", borrowing=True, preemption=Policy(), graceful=True),
+    Scheme("zeropilot", borrowing=True, preemption=Policy(), graceful=True, backoff=True),
 )
 
 
@@ -124,6 +129,7 @@ def replay(jobs: list[Job], scheme: Scheme, days: int) -> dict[str, float]:
             if job.stopping_until is not None:
                 if now >= job.stopping_until:
                     lost_gpu_s += _requeue(job, scheme.graceful)
+                    job.requeued_at = now
                     running.remove(job)
                     waiting.append(job)
                 continue
@@ -136,7 +142,7 @@ def replay(jobs: list[Job], scheme: Scheme, days: int) -> dict[str, float]:
         demand = sum(j.gpus for j in waiting) + sum(j.gpus for j in running)
         if demand > capacity and now < START + timedelta(days=days):
             busy_while_short.append(sum(j.gpus for j in running) / capacity)
-        _admit(waiting, running, limits, now)
+        _admit(waiting, running, limits, now, scheme)
         if scheme.preemption is not None:
             _preempt(waiting, running, limits, now, scheme)
         now += timedelta(seconds=TICK_S)
@@ -152,15 +158,19 @@ def _held(running: list[Job]) -> Held:
     return Held(by_team=teams, by_cluster={"pool": sum(teams.values())})
 
 
-def _as_waiting(job: Job) -> Waiting:
+def _as_waiting(job: Job, now: datetime, scheme: Scheme) -> Waiting:
+    first_s = scheme.preemption.min_runtime_s if scheme.backoff and scheme.preemption else 0.0
     return Waiting(
         job.id, job.team, "pool", job.gpus, job.priority, job.submitted,
         frozenset(job.preempted_by),
+        borrow_backoff(job.preemptions, job.requeued_at, now, first_s),
     )  # fmt: skip
 
 
-def _admit(waiting: list[Job], running: list[Job], limits: Limits, now: datetime) -> None:
-    decision = admit([_as_waiting(j) for j in waiting], _held(running), limits)
+def _admit(
+    waiting: list[Job], running: list[Job], limits: Limits, now: datetime, scheme: Scheme
+) -> None:
+    decision = admit([_as_waiting(j, now, scheme) for j in waiting], _held(running), limits)
     by_id = {j.id: j for j in waiting}
     for job_id in decision.admitted:
         job = by_id[job_id]
@@ -180,8 +190,10 @@ def _preempt(
     candidates = [_as_running(j) for j in running]
     assert scheme.preemption is not None
     for job in line:
-        chosen = choose_victims(_as_waiting(job), candidates, _held(running), limits, now,
-                                scheme.preemption)  # fmt: skip
+        chosen = choose_victims(
+            _as_waiting(job, now, scheme), candidates, _held(running), limits, now,
+            scheme.preemption,
+        )  # fmt: skip
         if chosen is None:
             continue
         for victim in running:
@@ -248,13 +260,13 @@ def main() -> None:
           f" GPU-hours of work, pool {sum(QUOTAS.values())} GPUs, quotas {QUOTAS}")  # fmt: skip
     columns = ("utilisation", "high p50 min", "high p95 min", "lost GPU-h", "preemptions/job",
                "max preemptions", "finished")  # fmt: skip
-    print(f"{'policy':<12} " + " ".join(f"{c:>15}" for c in columns))
+    print(f"{'policy':<22} " + " ".join(f"{c:>15}" for c in columns))
     for scheme in SCHEMES:
         copies = [Job(**{k: v for k, v in vars(j).items() if k != "preempted_by"}) for j in jobs]
         result = replay(copies, scheme, args.days)
         cells = [f"{result[c]:>15.3f}" if isinstance(result[c], float) else f"{result[c]:>15}"
                  for c in columns]  # fmt: skip
-        print(f"{scheme.name:<12} " + " ".join(cells))
+        print(f"{scheme.name:<22} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,12 @@ class SchedulingSettings(BaseModel):
     min_runtime_s: float = Field(default=DEFAULT_MIN_RUNTIME_S, ge=0)  # never a victim before
     preempt_across_teams: bool = False  # priority also stops other teams' jobs within quota
 
+    @property
+    def borrow_backoff_s(self) -> float:
+        """How long a job waits after its first preemption before it borrows again (doubling
+        with each one after): the minimum runtime, where preemption is on."""
+        return self.min_runtime_s if self.preemption else 0.0
+
 
 class LogSettings(BaseModel):
     format: Literal["text", "json"] = "text"  # json: one object per line, with request/job ids

@@ -9,6 +9,15 @@ from service.tasks import RECONCILE
 from workers import observe
 
 
+# The embedded broker (a SQLite table) is polled: 1 s by kombu's default, which a launch and an
+# end report would each wait half of on average. Redis delivers at once (BRPOP).
+TABLE_BROKER_POLL_S = 0.1
+
+
+def _transport_options(broker_url: str) -> dict[str, float]:
+    return {"polling_interval": TABLE_BROKER_POLL_S} if broker_url.startswith("sqla+") else {}
+
+
 def make_celery(settings: Settings) -> Celery:
     settings.data_dir.mkdir(parents=True, exist_ok=True)  # the embedded broker lives there
     app = Celery("zeropilot", broker=settings.broker_url, include=["workers.tasks"])
@@ -23,6 +32,7 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s}
         },
+        broker_transport_options=_transport_options(settings.broker_url),
     )
     observe.install(settings)
     return app

@@ -14,7 +14,7 @@ from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.jobs import add_attempt, attempts_of
-from service.db.models import Attempt, Checkpoint, Job
+from service.db.models import Attempt, Checkpoint, Job, utcnow
 from service.db.transitions import move_attempt, move_job
 from service.settings import Settings
 from workers.backends.base import BackendState, BackendStatus
@@ -118,6 +118,7 @@ def requeue_preempted(
         stopping_for=None,
         borrowing=False,
         preempted_by=[*job.preempted_by, preemptor],
+        requeued_at=utcnow(),
         message=f"waiting: preempted by job {preemptor}; back in line at its original place",
     )
     return new.id

@@ -204,7 +204,7 @@ def _admit(settings: Settings) -> list[str]:
     sharing = settings.scheduling
     profiles = settings.cluster_profiles()
     with session_scope(settings.database_url) as session:  # its first statement is the write
-        launches = admit_pending(session, profiles, sharing.borrowing)
+        launches = admit_pending(session, profiles, sharing.borrowing, sharing.borrow_backoff_s)
         stops: list[Stop] = []
         if sharing.preemption:
             policy = Policy(sharing.min_runtime_s, sharing.preempt_across_teams)
@@ -213,6 +213,15 @@ def _admit(settings: Settings) -> list[str]:
         log.info("preempting job %s: %s", stop.job_id, stop.reason)
         _stop_victim(settings, stop.attempt_id)
     return launches
+
+
+def attempt_ended(settings: Settings, attempt_id: str) -> None:
+    """An attempt's processes said they ended: record it now (the pass would, a beat later),
+    then admit what its GPUs let start. Moves are compare-and-set, so a pass applying the same
+    end at the same moment writes it once."""
+    reconcile_attempt(settings, attempt_id)
+    for launch_id in _admit(settings):
+        send_task(settings.broker_url, LAUNCH_ATTEMPT, launch_id)
 
 
 def _stop_victim(settings: Settings, attempt_id: str) -> None:

@@ -8,7 +8,7 @@ from celery import Task
 
 from service.metrics import RECONCILE_LAST_PASS, RECONCILE_SECONDS
 from service.settings import get_settings
-from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, RECONCILE
+from service.tasks import ATTEMPT_ENDED, CANCEL_ATTEMPT, LAUNCH_ATTEMPT, RECONCILE
 from workers import launch, reconcile
 from workers.backends.base import TemporaryError
 from workers.celery_app import app
@@ -26,6 +26,11 @@ def launch_attempt(self: Task, attempt_id: str) -> None:
 @app.task(name=CANCEL_ATTEMPT, autoretry_for=(TemporaryError,), retry_backoff=5, max_retries=10)
 def cancel_attempt(attempt_id: str) -> None:
     reconcile.cancel_attempt(get_settings(), attempt_id)
+
+
+@app.task(name=ATTEMPT_ENDED, autoretry_for=(TemporaryError,), retry_backoff=2, max_retries=5)
+def attempt_ended(attempt_id: str) -> None:
+    reconcile.attempt_ended(get_settings(), attempt_id)
 
 
 @app.task(name=RECONCILE)

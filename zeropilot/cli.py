@@ -16,6 +16,7 @@ from rich.table import Table
 
 from zeropilot.cli_advice import advise_command, lint_command
 from zeropilot.cli_attempts import print_attempts
+from zeropilot.cli_cancel import cancel_command
 from zeropilot.cli_common import (
     JsonOpt,
     api_client,
@@ -38,6 +39,7 @@ app.add_typer(users_app, name="users")
 app.add_typer(teams_app, name="teams")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
+app.command("cancel")(cancel_command)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -201,14 +203,16 @@ def list_jobs(
     if as_json:
         print_json(page)
         return
-    table = Table("ID", "NAME", "STATUS", "ATTEMPT", "CLUSTER", "CREATED", box=None)
+    table = Table("ID", "NAME", "STATUS", "ATTEMPT", "PREEMPTED", "CLUSTER", "CREATED", box=None)
     for job in page["data"]:
+        preempted = len(job.get("preempted_by", []))
         table.add_row(
             job["id"],
             job["name"],
             job["status"],
             str(job["current_attempt"]),
-            job["cluster"],
+            f"{preempted}x" if preempted else "-",
+            job["cluster"] + (" (borrowing)" if job.get("borrowing") else ""),
             job["created_at"][:19].replace("T", " "),
         )
     console.print(table)
@@ -289,16 +293,6 @@ def logs(
         if not chunk and call_api(client.get_job, job_id)["status"] in TERMINAL:
             return
         time.sleep(1.0)
-
-
-@app.command()
-def cancel(job_id: str, as_json: JsonOpt = False) -> None:
-    """Cancel a job; its processes on the cluster are stopped."""
-    job = call_api(api_client().cancel, job_id)
-    if as_json:
-        print_json(job)
-    else:
-        console.print(f"job {job['id']} {job['status']}")
 
 
 @app.command()

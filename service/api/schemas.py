@@ -28,6 +28,8 @@ class JobPublic(Public):
     priority: int
     cluster: str
     current_attempt: int
+    borrowing: bool  # admitted past its team's quota, on GPUs others do not use now
+    preempted_by: list[str]  # jobs that stopped it to start, one per preemption (scheduling.md)
     failure_class: str | None
     message: str
     created_at: datetime
@@ -54,6 +56,8 @@ class AttemptPublic(Public):
     failure_class: str | None
     failure_message: str
     failure_evidence: dict[str, Any]  # class, the lines that show it, the numbers parsed
+    # What the training reported of its own end: OOM, or PREEMPTED when it saved at a stop
+    runtime_failure_tag: str | None
     runtime_evidence: dict[str, Any]  # device memory per rank at start, numbers at failure
     resumed_from: str | None
     resume_method: str | None
@@ -101,8 +105,6 @@ class JobDetail(JobPublic):
     spec: dict[str, Any]
     plan: dict[str, Any]
     advice_reason: str
-    borrowing: bool  # admitted past its team's quota, on GPUs others do not use now
-    preempted_by: list[str]  # jobs that stopped it to start (docs/scheduling.md)
     attempts: list[AttemptPublic]
     events: list[EventPublic]
     metrics: list[MetricPublic]

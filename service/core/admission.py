@@ -51,6 +51,8 @@ class Waiting:
     priority: int
     submitted_at: datetime
     preempted_by: frozenset[str] = frozenset()  # jobs that took its GPUs: never its victims
+    # Preempted lately: it may not borrow until then (service.core.preemption.borrow_backoff)
+    borrow_after: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,12 @@ def _cannot_borrow(
 ) -> str | None:
     """Why a job over its team's quota may not borrow idle GPUs, or None when it may."""
     quota = limits.team_quota.get(job.team) or 0
+    if job.borrow_after is not None:
+        return (
+            f"preempted {len(job.preempted_by)}x, it may borrow again from"
+            f" {job.borrow_after:%Y-%m-%d %H:%M:%S} UTC (a back-off that doubles with each"
+            f" preemption); within team {job.team}'s {quota}-GPU quota it may start at once"
+        )
     over = by_team.get(job.team, 0) + job.gpus - quota  # what the team would borrow with it
     limit = limits.team_borrow_limit.get(job.team)
     if limit is not None and over > limit:

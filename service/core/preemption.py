@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from service.core.admission import Held, Limits, Waiting
 
 DEFAULT_MIN_RUNTIME_S = 600.0  # a job that just started has done nothing worth stopping for
+BACKOFF_DOUBLINGS = 4  # the back-off stops growing at 16x its first length
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,21 @@ class Policy:
     allow_preempting_back: bool = False
 
 
+def borrow_backoff(
+    preemptions: int, requeued_at: datetime | None, now: datetime, first_s: float
+) -> datetime | None:
+    """Until when a job preempted ``preemptions`` times (back in the queue since
+    ``requeued_at``) may not borrow again, or None when it may. Borrowing again at once is
+    what makes a job the next victim (Kueue's users call it a preemption loop): the back-off
+    is ``first_s`` (the minimum runtime) after the first preemption and doubles with each one
+    after, up to ``2**BACKOFF_DOUBLINGS`` times; within its own quota a job starts at once."""
+    if preemptions <= 0 or requeued_at is None or first_s <= 0:
+        return None
+    wait_s = first_s * 2 ** min(preemptions - 1, BACKOFF_DOUBLINGS)
+    until = requeued_at + timedelta(seconds=wait_s)
+    return until if until > now else None
+
+
 @dataclass(frozen=True)
 class Preemption:
     job_id: str  # the waiting job the victims make room for
@@ -77,6 +93,8 @@ def choose_victims(
     if team_need <= 0 and pool_need <= 0:
         return None  # it fits already: admission, not preemption, starts it
     reclaiming = _within_quota(job, held, limits)
+    if job.borrow_after is not None and not reclaiming:
+        return None  # it would start by borrowing, which its back-off does not allow yet
     candidates = sorted(
         (r for r in running if _may_stop(job, r, reclaiming, limits, now, policy)),
         # Lost work per GPU freed: one 4-GPU job a minute past its checkpoint costs less than

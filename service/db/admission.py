@@ -14,6 +14,7 @@ last free GPUs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Row, exists, func, update
@@ -22,6 +23,7 @@ from sqlmodel import Session, col, select
 
 from service.core.admission import Held, Limits, Waiting, admit, never_fits
 from service.core.clusters import ClusterProfile
+from service.core.preemption import borrow_backoff
 from service.core.states import JobStatus
 from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
@@ -136,6 +138,7 @@ def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, 
 WAITING_COLUMNS = (
     col(Job.id), col(Job.name), col(Job.team_id), col(Job.cluster), col(Job.gpus),
     col(Job.priority), col(Job.created_at), col(Job.message), col(Job.preempted_by),
+    col(Job.requeued_at),
 )  # fmt: skip
 
 
@@ -147,25 +150,36 @@ def waiting_jobs(session: Session, team_id: int | None = None) -> Sequence[Row[A
     return session.execute(query).all()
 
 
-def as_waiting(job: Row[Any], team_names: dict[int, str]) -> Waiting:
+def as_waiting(job: Row[Any], team_names: dict[int, str], backoff_s: float = 0.0) -> Waiting:
+    preempted_by = frozenset(job.preempted_by or ())
+    requeued_at = _aware(job.requeued_at)
     return Waiting(
         job.id, team_names[job.team_id], job.cluster, job.gpus, job.priority, job.created_at,
-        frozenset(job.preempted_by or ()),
+        preempted_by, borrow_backoff(len(preempted_by), requeued_at, utcnow(), backoff_s),
     )  # fmt: skip
 
 
+def _aware(moment: datetime | None) -> datetime | None:
+    """SQLite gives back naive datetimes (stored as UTC)."""
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
 def admit_pending(
-    session: Session, profiles: dict[str, ClusterProfile], borrowing: bool = False
+    session: Session,
+    profiles: dict[str, ClusterProfile],
+    borrowing: bool = False,
+    backoff_s: float = 0.0,
 ) -> list[str]:
     """Admit the PENDING jobs that fit; return the ids of the attempts to launch (send them
-    after the commit). Jobs left waiting get the reason as their message."""
+    after the commit). Jobs left waiting get the reason as their message. ``backoff_s``: how
+    long a preempted job waits before it borrows again (``borrow_backoff``)."""
     _take_turn(session)  # first, so that on SQLite the pass starts as the one writer
     pending = waiting_jobs(session)
     if not pending:
         return []
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
-    waiting = [as_waiting(job, names) for job in pending]
+    waiting = [as_waiting(job, names, backoff_s) for job in pending]
     decision = admit(waiting, held(session, names), limits_of(teams, profiles, borrowing))
     launches = [
         attempt_id

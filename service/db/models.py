@@ -102,6 +102,7 @@ class Job(SQLModel, table=True):
     # Sharing (docs/scheduling.md): admitted past its team's quota; the jobs that preempted
     # it (never its victims in turn); the job it is stopping for, while it saves.
     borrowing: bool = False
+    requeued_at: datetime | None = None  # put back in line by its last preemption
     preempted_by: list[str] = Field(
         default_factory=list, sa_column=Column(JSON, nullable=False, server_default="[]")
     )

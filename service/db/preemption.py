@@ -49,7 +49,8 @@ def choose_stops(
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
     pending = sorted(
-        (as_waiting(job, names) for job in waiting_jobs(session)),
+        # the back-off counts as in admission: a job that may not borrow yet stops no one
+        (as_waiting(job, names, policy.min_runtime_s) for job in waiting_jobs(session)),
         key=lambda w: (-w.priority, w.submitted_at, w.job_id),
     )
     running = running_jobs(session, names)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.stack import Api, Stack
+from tests.e2e.test_cli import zeropilot
 from tests.integration.helpers import tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -44,12 +45,15 @@ def cancel_and_wait(api: Api, job_id: str, stack: Stack) -> dict[str, Any]:
     return api.job(job_id)
 
 
-def test_a_cancelled_run_saves_the_step_it_reached_before_it_stops(stack: Stack, api: Api) -> None:
+def test_a_cancelled_run_saves_the_step_it_reached_before_it_stops(
+    stack: Stack, api: Api, token: str
+) -> None:
     stack.start_worker("w1")
     job = api.submit(long_run("graceful"))
     wait_for_steps(api, job["id"], 3, stack)
 
-    done = cancel_and_wait(api, job["id"], stack)
+    cancelled = zeropilot(stack, token, "cancel", job["id"], "--checkpoint")
+    done = api.job(job["id"])
 
     (attempt,) = done["attempts"]
     last_step = max(m["step"] for m in done["metrics"])
@@ -63,15 +67,23 @@ def test_a_cancelled_run_saves_the_step_it_reached_before_it_stops(stack: Stack,
     reason = [e["reason"] for e in done["events"] if e["subject"] == "attempt"][-1]
     assert f"stopped on request at step {saved['step']} after saving {saved['path']}" in reason
     assert "within its grace (30 s, the default (no save of this job measured yet))" in reason
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert "waiting for attempt 1 to save and stop (grace 30 s, the default" in cancelled.stderr
+    assert f"attempt 1 saved step {saved['step']} before it stopped: {saved['path']}" in (
+        cancelled.stdout
+    )
 
 
-def test_a_run_that_ignores_sigterm_is_killed_after_its_grace(stack: Stack, api: Api) -> None:
+def test_a_run_that_ignores_sigterm_is_killed_after_its_grace(
+    stack: Stack, api: Api, token: str
+) -> None:
     stack.start_worker("w1")
     spec = long_run("stubborn", "--ignore-sigterm", checkpoint={"grace_s": 3})
     job = api.submit(spec)
     wait_for_steps(api, job["id"], 2, stack)
 
-    done = cancel_and_wait(api, job["id"], stack)
+    cancelled = zeropilot(stack, token, "cancel", job["id"], "--checkpoint")
+    done = api.job(job["id"])
 
     (attempt,) = done["attempts"]
     assert attempt["status"] == "CANCELLED"
@@ -80,6 +92,9 @@ def test_a_run_that_ignores_sigterm_is_killed_after_its_grace(stack: Stack, api:
     reason = [e["reason"] for e in done["events"] if e["subject"] == "attempt"][-1]
     assert reason == "job cancelled"
     assert attempt["failure_evidence"]["stop_grace"] == "3 s, the spec's checkpoint.grace_s"
+    assert cancelled.returncode == 1, cancelled.stdout + cancelled.stderr
+    assert "attempt 1 stopped without saving" in cancelled.stdout
+    assert "the last checkpoint is none" in cancelled.stdout
 
 
 def test_a_stop_from_outside_saves_and_the_job_goes_on_from_that_step(

@@ -7,11 +7,13 @@ real; each tiny job's two ranks count as its 2 GPUs (the local profile's account
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from service.db.migrate import upgrade
@@ -89,5 +91,18 @@ def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     assert f"stopping job {borrower['id']} to free its GPUs for this one" in waited
     assert bob.job(owned["id"])["attempts"][0]["status"] == "SUCCEEDED"  # never a victim
     shown = zeropilot(sharing, tokens["bob"], "status", borrower["id"])
+    print(shown.stdout)
     assert f"sharing: preempted 1x (by job {reclaim['id']})" in shown.stdout, shown.stderr
     assert "attempt 1: PREEMPTED" in shown.stdout
+    listing = json.loads(zeropilot(sharing, tokens["bob"], "list", "--json").stdout)["data"]
+    assert {j["id"]: j["preempted_by"] for j in listing}[borrower["id"]] == [reclaim["id"]]
+    assert "1x" in zeropilot(sharing, tokens["bob"], "list").stdout  # the PREEMPTED column
+    console_rows = bob.http.get("/console/api/jobs").json()["data"]
+    assert {r["id"]: r["preemptions"] for r in console_rows}[borrower["id"]] == 1
+    scraped = sharing_metrics(sharing)
+    assert 'zeropilot_attempts_preempted_total{cluster="local"} 1.0' in scraped
+
+
+def sharing_metrics(stack: Stack) -> str:
+    """What a scraper reads from the API's /metrics (no token)."""
+    return httpx.get(f"{stack.url}/metrics", timeout=30).text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from service.core.admission import Held, Limits, Waiting, admit
-from service.core.preemption import Policy, Running, choose_victims
+from service.core.preemption import Policy, Running, borrow_backoff, choose_victims
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 QUOTAS = Limits(team_quota={"a": 4, "b": 4}, borrowing=True)  # a pool of 8 GPUs
@@ -142,3 +142,32 @@ def test_a_team_without_a_quota_stands_outside_the_pool() -> None:
     decision = admit([waiting("b9", "b", 4)], held, limits)
 
     assert decision.admitted == ["b9"] and decision.borrowing == {"b9"}
+
+
+def test_a_preempted_job_waits_longer_before_it_borrows_again_each_time() -> None:
+    requeued = NOW - timedelta(minutes=5)
+    waits = [borrow_backoff(n, requeued, requeued, 600) for n in range(1, 8)]
+    minutes = [round((w - requeued).total_seconds() / 60) for w in waits if w is not None]
+    assert minutes == [10, 20, 40, 80, 160, 160, 160]  # doubling, at most 16x
+    assert borrow_backoff(1, requeued, NOW, 600) == requeued + timedelta(minutes=10)
+    assert borrow_backoff(1, requeued, NOW + timedelta(minutes=6), 600) is None  # over
+    assert borrow_backoff(0, None, NOW, 600) is None  # never preempted
+    assert borrow_backoff(3, requeued, NOW, 0) is None  # preemption off: no back-off
+
+
+def test_a_backed_off_job_starts_within_its_quota_but_borrows_and_stops_no_one() -> None:
+    later = NOW + timedelta(minutes=15)
+    own = waiting("b1", "b", 2, preempted_by=frozenset({"a1"}), borrow_after=later)
+    over = waiting("b2", "b", 4, preempted_by=frozenset({"a1"}), borrow_after=later)
+    decision = admit([own, over], Held(by_team={"b": 2}), QUOTAS)
+    assert decision.admitted == ["b1"]  # 2 + 2 of b's 4
+    assert decision.waiting["b2"].startswith("preempted 1x, it may borrow again from 2026-12-02")
+    assert "within team b's 4-GPU quota it may start at once" in decision.waiting["b2"]
+
+    # b holds its 4; a lower-priority job borrows 2 of the pool's last 4; b's 4 more would borrow
+    jobs = [running("b0", "b", gpus=4), running("c1", "a", gpus=2, priority=10, borrowing=True)]
+    urgent = {"priority": 90, "preempted_by": frozenset({"a9"})}
+    backed_off = waiting("b3", "b", 4, borrow_after=later, **urgent)
+    assert choose_victims(backed_off, jobs, held_by(jobs), QUOTAS, NOW) is None
+    free = choose_victims(waiting("b3", "b", 4, **urgent), jobs, held_by(jobs), QUOTAS, NOW)
+    assert free is not None and free.victims == ("c1",)  # the same job, its back-off over

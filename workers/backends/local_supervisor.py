@@ -21,6 +21,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,6 +31,7 @@ from workers.backends.oom_kills import oom_kill_count, oom_kill_evidence
 from workers.backends.shm import remove_deepspeed_buffers, remove_orphaned_buffers
 
 POLL_S = 0.5
+END_REPORT_TIMEOUT_S = 5.0
 FAILURE_GRACE_S = 10.0  # after one node failed, the others have nothing left to save
 LOCK_WAIT_S = 2.0
 
@@ -53,7 +56,27 @@ def main(attempt_dir: Path) -> int:
     remove_orphaned_buffers()  # and those of worlds killed before their own cleanup ran
     oom_kills = oom_kill_evidence(kills_before, oom_kill_count())
     _write_result(attempt_dir, codes, first_failure, cancelled["flag"], oom_kills)
+    report_end(launch["env"])
     return 0
+
+
+def report_end(env: dict[str, str]) -> bool:
+    """Tell the service the attempt's processes have ended, with the attempt's own token, so
+    a worker records the end now; the reconcile pass stays the safety net when this fails."""
+    url, attempt_id = env.get("ZEROPILOT_URL"), env.get("ZEROPILOT_ATTEMPT_ID")
+    token = env.get("ZEROPILOT_ATTEMPT_TOKEN")
+    if not (url and attempt_id and token and url.startswith(("http://", "https://"))):
+        return False
+    request = urllib.request.Request(  # noqa: S310 (the scheme is checked above)
+        f"{url.rstrip('/')}/v1/runtime/attempts/{urllib.parse.quote(attempt_id)}/ended",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=END_REPORT_TIMEOUT_S):  # noqa: S310 (above)
+            return True
+    except (OSError, ValueError):  # the service is down or far: the pass will see the end
+        return False
 
 
 def _acquire(lock: TextIO) -> bool:
@@ -122,10 +145,22 @@ def _wait(
                 _signal_all(nodes, codes, signal.SIGTERM)
         if stopping_since is not None and time.monotonic() - stopping_since > grace_s:
             _signal_all(nodes, codes, signal.SIGKILL)
-        time.sleep(POLL_S)
+        _wait_a_little(nodes, codes)
     for _rank, _process, log in nodes:
         log.close()
     return codes, first_failure
+
+
+def _wait_a_little(
+    nodes: list[tuple[int, subprocess.Popen[bytes], TextIO]], codes: dict[int, int]
+) -> None:
+    """Up to POLL_S, returning as soon as the first node still running exits (the end is
+    reported at once, not up to a poll later); a signal (a stop) also ends the wait."""
+    running = [process for rank, process, _log in nodes if rank not in codes]
+    if not running:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        running[0].wait(timeout=POLL_S)
 
 
 def requested_grace(attempt_dir: Path) -> float:

@@ -38,6 +38,8 @@ class JobRow(BaseModel):
     gpus_per_node: int
     plan: dict[str, Any]  # the plan's fields without its ds_config
     attempts: int
+    preemptions: int  # times another job stopped it to start (docs/scheduling.md)
+    borrowing: bool
     message: str
     created_at: datetime
     finished_at: datetime | None
@@ -168,6 +170,8 @@ def _row(job: Job, names: dict[int, str], counts: dict[str, int]) -> JobRow:
         gpus_per_node=resources["gpus_per_node"],
         plan={key: value for key, value in job.plan.items() if key != "ds_config"},
         attempts=counts.get(job.id, 0),
+        preemptions=len(job.preempted_by),
+        borrowing=job.borrowing,
         message=job.message,
         created_at=job.created_at,
         finished_at=job.finished_at,

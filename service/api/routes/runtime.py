@@ -11,6 +11,7 @@ from service.checkpoint_paths import configured_dir, job_fence
 from service.db import jobs as job_store
 from service.db.models import Job, JobEvent
 from service.db.users import checkpoint_roots_of
+from service.tasks import ATTEMPT_ENDED, send_or_leave_to_sweep
 
 # Enough for a checkpoint every 100 steps of 100,000; bounds the job's detail (4 KiB paths).
 MAX_CHECKPOINTS_PER_ATTEMPT = 1000
@@ -63,6 +64,20 @@ def report_device(report: DeviceReport, attempt: ReportingAttempt, session: Sess
     attempt.runtime_evidence = {**attempt.runtime_evidence, "devices": devices}  # a new dict: JSON
     session.add(attempt)
     session.commit()
+
+
+@router.post("/ended", status_code=status.HTTP_202_ACCEPTED)
+def report_ended(attempt: ReportingAttempt, session: SessionDep, settings: SettingsDep) -> None:
+    """The attempt's processes have ended (its supervisor says so as they exit): a worker
+    records the end now instead of at its next pass. Asked once per attempt; a repeat is
+    accepted and sends nothing, so a job cannot flood the workers or its cluster with polls."""
+    session.refresh(attempt, with_for_update=True)
+    if attempt.runtime_evidence.get("ended_reported"):
+        return
+    attempt.runtime_evidence = {**attempt.runtime_evidence, "ended_reported": True}
+    session.add(attempt)
+    session.commit()
+    send_or_leave_to_sweep(settings.broker_url, ATTEMPT_ENDED, attempt.id)
 
 
 @router.post("/failure", status_code=status.HTTP_204_NO_CONTENT)

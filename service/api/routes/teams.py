@@ -48,7 +48,9 @@ def update_team(
     for field, value in fields.items():
         setattr(team, field, value)
     session.add(team)
-    launches = admit_pending(session, settings.cluster_profiles(), settings.scheduling.borrowing)
+    sharing = settings.scheduling
+    profiles = settings.cluster_profiles()
+    launches = admit_pending(session, profiles, sharing.borrowing, sharing.borrow_backoff_s)
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)

@@ -186,10 +186,10 @@ function jobRow(job) {
     el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name), el("div", { class: "muted small" }, job.id)),
     el("td", {}, job.team),
     el("td", {}, badge(job.status), job.message ? el("div", { class: "muted small" }, job.message) : null),
-    el("td", {}, job.cluster),
+    el("td", {}, job.cluster, job.borrowing ? el("div", { class: "muted small" }, "borrowing") : null),
     el("td", {}, `${job.nodes} × ${job.gpus_per_node}`),
     el("td", { class: "small" }, planLabel(job.plan)),
-    el("td", {}, String(job.attempts)),
+    el("td", {}, String(job.attempts), job.preemptions ? el("div", { class: "muted small preempted" }, `preempted ${job.preemptions}×`) : null),
     el("td", { title: fmtTime(job.created_at) }, fmtAge(job.created_at)));
 }
 function submitCard() {
@@ -259,7 +259,14 @@ function renderHead(node, job) {
   fill(node,
     el("div", { class: "row" }, el("h1", { style: "flex:1" }, job.name, " ", badge(job.status)), cancel),
     el("div", { class: "muted" }, `${job.id} · team ${job.team} · cluster ${job.cluster} · ${res.nodes} × ${res.gpus_per_node} GPUs · priority ${job.priority} · submitted ${fmtTime(job.created_at)} (${fmtAge(job.created_at)} ago)`),
-    job.message ? el("p", { id: "job-message" }, job.message) : null);
+    job.message ? el("p", { id: "job-message" }, job.message) : null,
+    sharingLine(job));
+}
+function sharingLine(job) {  // borrowing and preemptions (docs/scheduling.md), like the CLI's status
+  const parts = [];
+  if (job.borrowing) parts.push("borrowing idle GPUs past its team's quota");
+  if (job.preempted_by.length) parts.push(`preempted ${job.preempted_by.length}× (by job ${job.preempted_by.join(", ")})`);
+  return parts.length ? el("p", { id: "job-sharing", class: "muted" }, `sharing: ${parts.join("; ")}`) : null;
 }
 function renderPlan(node, job) {
   const download = el("button", { class: "secondary", onclick: () => downloadJson(job.plan.ds_config, "ds_config.json") }, "Download ds_config.json");

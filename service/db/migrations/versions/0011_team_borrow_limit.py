@@ -1,4 +1,5 @@
-"""borrow limit per team: how many GPUs past its quota it may borrow (null: no limit)
+"""borrow limit per team: how many GPUs past its quota it may borrow (null: no limit); when a
+preempted job was put back in line (its borrowing back-off counts from then)
 
 Revision ID: 0011
 Revises: 0010
@@ -19,8 +20,12 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("team", schema=None) as batch_op:
         batch_op.add_column(sa.Column("borrow_limit", sa.Integer(), nullable=True))
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("requeued_at", sa.DateTime(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_column("requeued_at")
     with op.batch_alter_table("team", schema=None) as batch_op:
         batch_op.drop_column("borrow_limit")
