@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 from celery import Celery
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import sqlalchemy as table_broker
 
 from service.settings import Settings, get_settings
 from service.tasks import RECONCILE
 from workers import observe
 
-
-# The embedded broker (a SQLite table) is polled: 1 s by kombu's default, which a launch and an
-# end report would each wait half of on average. Redis delivers at once (BRPOP).
+# The embedded broker (a SQLite table) is polled: every 1 s by kombu's default, which a launch
+# and an end report would each wait half of on average. Redis delivers at once (BRPOP).
 TABLE_BROKER_POLL_S = 0.1
 
 
-def _transport_options(broker_url: str) -> dict[str, float]:
-    return {"polling_interval": TABLE_BROKER_POLL_S} if broker_url.startswith("sqla+") else {}
+class TableBroker(table_broker.Transport):
+    """kombu's SQLAlchemy transport, polled more often (its transport options all go to
+    ``create_engine``, so the interval cannot be set there)."""
+
+    polling_interval = TABLE_BROKER_POLL_S
+
+
+TRANSPORT_ALIASES["sqla"] = f"{__name__}:TableBroker"  # what a sqla+ broker URL resolves to
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -32,7 +39,6 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s}
         },
-        broker_transport_options=_transport_options(settings.broker_url),
     )
     observe.install(settings)
     return app
