@@ -45,7 +45,15 @@ from workers.backends.calls import calls_sent
 from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
 from workers.retention import jobs_with_unchecked_checkpoints, retain
-from workers.watched import ACTIVE_ATTEMPT, PollCounts, Watched, active_attempts, unchanged
+from workers.watched import (
+    ACTIVE_ATTEMPT,
+    PollCounts,
+    Watched,
+    active_attempts,
+    pending_note,
+    unchanged,
+    write_pending_notes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +125,20 @@ def _poll_cluster(
     except Exception as exc:  # one broken cluster must not stop the others'
         _log_failure(f"of cluster {cluster}", exc)
         return PollCounts(kind, len(group), calls_sent(kind) - calls_before, 0.0)
+    notes = []
     for watched in group:
         status = statuses.get(watched.ref)  # missing: its own poll, which raises what failed
         if status is not None and unchanged(watched, status):
             _FAILING.pop(watched.attempt_id, None)
             continue  # nothing to write: no session for it
+        if status is not None and (note := pending_note(watched, status)) is not None:
+            notes.append(note)  # written with the others below
+            continue
         _reconcile_one(settings, watched.attempt_id, status)
+    try:
+        write_pending_notes(settings, notes)
+    except Exception as exc:  # the next pass writes them again
+        _log_failure(f"of the pending reasons of cluster {cluster}", exc)
     return PollCounts(kind, len(group), calls_sent(kind) - calls_before, time.monotonic() - started)
 
 

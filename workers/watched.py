@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlmodel import col
 
 from service.core.states import AttemptStatus, JobStatus
@@ -75,3 +75,25 @@ def unchanged(watched: Watched, status: BackendStatus) -> bool:
             and watched.job_status != JobStatus.LAUNCHING
         )
     return False
+
+
+def pending_note(watched: Watched, status: BackendStatus) -> dict[str, str] | None:
+    """The attempt's new pending reason, when that is all applying ``status`` would write (a
+    LAUNCHING attempt still waiting, of a job neither cancelled nor stopping): the pass writes
+    those together, in one statement, rather than one session each."""
+    if watched.job_status == JobStatus.CANCELLED or watched.stopping_for:
+        return None
+    if status.state != BackendState.PENDING or watched.attempt_status != AttemptStatus.LAUNCHING:
+        return None
+    return {
+        "id": watched.attempt_id,
+        "native_state": status.native_state,
+        "failure_message": status.reason,
+    }
+
+
+def write_pending_notes(settings: Settings, notes: list[dict[str, str]]) -> None:
+    """Every note of a pass's cluster in one UPDATE by primary key (an executemany)."""
+    if notes:
+        with session_scope(settings.database_url) as session:
+            session.execute(update(Attempt), notes)

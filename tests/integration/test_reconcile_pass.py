@@ -106,5 +106,10 @@ def test_one_pass_applies_every_attempt_and_counts_them_by_backend(
     statuses = [status_of(client, tokens["alice"], job_id) for job_id in jobs]
     assert statuses == ["SUCCEEDED", "FAILED", "LAUNCHING"] * 3
     assert polled("local") - before == 9
+    waiting = [
+        client.get(f"/v1/jobs/{j}", headers=auth(tokens["alice"])).json() for j in jobs[2::3]
+    ]
+    # the three pending reasons, written together in one statement
+    assert {job["attempts"][0]["native_state"] for job in waiting} == {"starting"}
     (overrun,) = [r.getMessage() for r in caplog.records if "over its" in r.getMessage()]
     assert "9 attempts on 1 clusters polled with 0 cluster calls (local: 9 in" in overrun
