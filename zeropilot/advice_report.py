@@ -24,7 +24,7 @@ from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.messages import plain_message
-from service.core.placement import AUTO, Option, choose, plan_everywhere, summary
+from service.core.placement import AUTO, Option, choose, plan_everywhere, span, summary
 from service.core.spec import JobSpec
 from zeropilot.cli_common import console, err, fail, inline_hf_config, print_json, read_mapping
 
@@ -147,12 +147,13 @@ def _advise_placement(spec: JobSpec, as_json: bool) -> None:
         print_json({"chosen": chosen.cluster if chosen else None, "clusters": rows})
     else:
         table = Table(title="Where the job could run (cluster: auto)")
-        for column in ("cluster", "GPU", "plan", "peak / usable GiB", "tok/s", "why not"):
+        keys = ("gpu", "plan", "memory", "pace", "takes", "why_not")
+        for column in ("cluster", "GPU", "plan", "peak / usable GiB", "tok/s", "takes", "why not"):
             table.add_column(column, no_wrap=column != "why not")
         for option in options:
             row = _placement_row(option, profiles[option.cluster], option is chosen)
             mark = "\u2192 " if row["chosen"] else ""
-            cells = [str(row[k]) for k in ("gpu", "plan", "memory", "pace", "why_not")]
+            cells = [str(row[k]) for k in keys]
             table.add_row(mark + option.cluster, *cells)
         Console(width=max(console.width, TABLE_WIDTH)).print(table)
         if chosen is not None:
@@ -165,7 +166,7 @@ def _placement_row(option: Option, profile: ClusterProfile, chosen: bool) -> dic
     gpu = f"{profile.accelerator} {profile.gpu_memory_gib:g} GiB"
     if option.advice is None:
         return {"cluster": option.cluster, "gpu": gpu, "plan": "-", "memory": "-", "pace": "-",
-                "why_not": option.ruled_out, "chosen": False}  # fmt: skip
+                "takes": "-", "why_not": option.ruled_out, "chosen": False}  # fmt: skip
     plan = option.advice.plan
     peak = plan.per_gpu_bytes.total / GIB
     usable = budget_bytes(profile, DEFAULT_HEADROOM) / GIB
@@ -175,7 +176,9 @@ def _placement_row(option: Option, profile: ClusterProfile, chosen: bool) -> dic
         "plan": plan.label(),
         "memory": f"{peak:.2f} / {usable:.2f}",
         "pace": f"{option.tokens_per_second:,.0f}",
-        "why_not": "" if chosen else "slower" if option.tokens_per_second else "",
+        # training.steps at the predicted pace; "-" without a length
+        "takes": span(option.duration_s) if option.duration_s is not None else "-",
+        "why_not": "" if chosen else "ends later" if option.duration_s is not None else "slower",
         "chosen": chosen,
     }
 

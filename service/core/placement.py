@@ -17,6 +17,7 @@ from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 
 AUTO = "auto"  # resources.cluster: let zeropilot choose
+END_TIE = 0.05  # predicted ends this close are a tie (the time model is not closer than that)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,16 @@ class Option:
     advice: Advice | None = None  # None: ruled out
     ruled_out: str = ""  # why no plan runs there
     waits: str | None = ""  # why it would not start at once ("": it would; None: not known)
+    start_in_s: float | None = None  # when it would start there (0: now; None: not known)
+    duration_s: float | None = None  # the job's steps at the plan's predicted pace
+
+    @property
+    def end_in_s(self) -> float | None:
+        """When the job would end there, where both its start and its length are known."""
+        start = 0.0 if self.waits == "" else self.start_in_s
+        if start is None or self.duration_s is None:
+            return None
+        return start + self.duration_s
 
     @property
     def tokens_per_second(self) -> float:
@@ -54,8 +65,10 @@ def plan_everywhere(
     profiles: Sequence[ClusterProfile],
     plan: Callable[[JobSpec, ClusterProfile], Advice],
     waits: Callable[[ClusterProfile], str | None],
+    start_in: Callable[[ClusterProfile], float | None] = lambda _profile: None,
 ) -> list[Option]:
-    """Every eligible cluster with its plan (or why none fits) and why it would wait."""
+    """Every eligible cluster with its plan (or why none fits), why it would wait and, then,
+    when it would start."""
     options = []
     for entry in candidates(spec, profiles):
         if isinstance(entry, Option):
@@ -71,15 +84,46 @@ def plan_everywhere(
         except ValueError as exc:  # e.g. zero.overrides that break the batch there
             options.append(Option(entry.name, ruled_out=str(exc)))
             continue
-        options.append(Option(entry.name, advice, waits=waits(entry)))
+        why = waits(entry)
+        start = start_in(entry) if why else None
+        options.append(Option(entry.name, advice, "", why, start, _duration_s(spec, advice)))
     return options
 
 
+def start_in_s(need: int, free: int, ends: Sequence[tuple[int, float | None]]) -> float | None:
+    """Seconds until ``need`` GPUs are free, where ``free`` are free now and the running jobs
+    hold the others (their GPUs, and when each is predicted to end): now, or the end of the
+    job whose GPUs make it enough, taken in order of their ends. None when that needs a job
+    whose end is not known, or more GPUs than the limit has."""
+    if need <= free:
+        return 0.0
+    for gpus, end_s in sorted(ends, key=lambda end: (end[1] is None, end[1] or 0.0)):
+        if end_s is None:
+            return None
+        free += gpus
+        if free >= need:
+            return end_s
+    return None
+
+
+def _duration_s(spec: JobSpec, advice: Advice) -> float | None:
+    pace = advice.plan.tokens_per_second
+    if spec.training.steps is None or not pace:
+        return None
+    return spec.training.steps * spec.training.tokens_per_step / pace
+
+
 def choose(options: Sequence[Option]) -> Option | None:
-    """Where the job starts now, then where it trains fastest; None when no cluster can run it."""
+    """Where the job is predicted to end first (its length known, and its start there); else
+    where it starts now, then where it trains fastest. None when no cluster can run it."""
     runnable = [o for o in options if o.advice is not None]
     if not runnable:
         return None
+
+    ends = [end for o in runnable if (end := o.end_in_s) is not None]
+    if ends:  # a cluster ending within END_TIE of the first is as good: no waiting for a hair
+        last = min(ends) * (1 + END_TIE)
+        runnable = [o for o in runnable if (end := o.end_in_s) is not None and end <= last]
     return min(runnable, key=lambda o: (bool(o.waits), -o.tokens_per_second))
 
 
@@ -100,7 +144,23 @@ def _words(option: Option) -> str:
     )
     if option.waits is None:
         return pace
-    return f"{pace}, " + (f"waits: {option.waits}" if option.waits else "starts now")
+    start = f"waits: {option.waits}" if option.waits else "starts now"
+    if option.waits and option.start_in_s is not None:
+        start += f" (expected to start in {span(option.start_in_s)})"
+    if (end := option.end_in_s) is not None:
+        start += f", ends in {span(end)}"
+    return f"{pace}, {start}"
+
+
+def span(seconds: float) -> str:
+    """A duration as a person reads it: 45 s, 12 min, 3.5 h, 2.1 days."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def _cannot_run(spec: JobSpec, profile: ClusterProfile) -> str:

@@ -157,6 +157,13 @@ class TrainingSpec(Strict):
     optimizer_impl: OptimizerImpl = OptimizerImpl.AUTO
     learning_rate: float = Field(default=3e-4, gt=0)
     gradient_clipping: float | None = Field(default=1.0, ge=0)
+    # The job's length in optimizer steps, if known: placement ranks clusters by when the job
+    # would end there, and a running job's expected end tells others when its GPUs free up.
+    steps: PositiveInt | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.sequence_length
 
 
 class ResourcesSpec(Strict):

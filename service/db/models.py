@@ -93,6 +93,10 @@ class Job(SQLModel, table=True):
     cluster: str = Field(max_length=64)
     # nodes x GPUs per node, from the spec: admission and the queue read it without the spec
     gpus: int
+    # Its length (the spec's training.steps) and its plan's predicted step time: when its GPUs
+    # free up, which placement reads for the jobs after it without loading spec or plan.
+    steps: int | None = None
+    step_s: float | None = None
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     advice_reason: str = ""

@@ -65,3 +65,53 @@ def test_advice_for_an_auto_job_names_the_cluster_and_the_others(
     assert answer.status_code == 200, answer.text
     assert answer.json()["reason"].startswith("placed on cpu-a (ZeRO-0")
     assert "; cpu-b: ZeRO-0" in answer.json()["reason"]
+
+
+@pytest.fixture
+def fast_and_slow(settings: Settings, tmp_path: Path) -> Settings:
+    """An H100 cluster of 2 GPUs and an A100 one: the same tiny job runs faster on the first."""
+    profiles = tmp_path / "clusters.yaml"
+    gpu = {"kind": "slurm", "gpus_per_node": 2, "max_gpus": 2, "cpu_memory_gib": 64}
+    profiles.write_text(yaml.safe_dump({"clusters": [
+        {"name": "fast", "accelerator": "nvidia-h100-80gb", "gpu_memory_gib": 80, **gpu},
+        {"name": "slow", "accelerator": "nvidia-a100-40gb", "gpu_memory_gib": 40, **gpu},
+    ]}))  # fmt: skip
+    return settings.model_copy(update={"clusters": ClusterSettings(profiles_file=profiles)})
+
+
+def sized(name: str, steps: int, cluster: str = "auto") -> dict[str, Any]:
+    # ~400M parameters: the GPUs' speed, not the per-step overhead, sets the pace
+    model = {"hidden_size": 2048, "num_layers": 8, "num_heads": 16, "vocab_size": 32000}
+    spec = {**tiny_spec(name), "model": model}
+    resources = {**spec["resources"], "cluster": cluster, "clusters": ["fast", "slow"]}
+    if cluster != "auto":
+        resources.pop("clusters")
+    training = {
+        **spec["training"],
+        "sequence_length": 2048,
+        "global_batch_size": 16,
+        "steps": steps,
+    }
+    return {**spec, "training": training, "resources": resources}
+
+
+@pytest.mark.parametrize(
+    ("holder_steps", "placed", "status"),
+    [(1, "fast", "PENDING"), (10_000_000, "slow", "QUEUED")],
+)
+def test_an_auto_job_of_known_length_goes_where_it_would_end_first(
+    fast_and_slow: Settings, tokens: dict[str, str], holder_steps: int, placed: str, status: str
+) -> None:
+    with TestClient(create_app(fast_and_slow)) as client:
+        alice = auth(tokens["alice"])
+        holder = client.post("/v1/jobs", json=sized("holder", holder_steps, "fast"), headers=alice)
+        assert holder.json()["status"] == "QUEUED"  # it holds the fast cluster's 2 GPUs
+        job = client.post("/v1/jobs", json=sized("long", 10_000), headers=alice).json()
+
+    assert (job["cluster"], job["status"]) == (placed, status), job["advice_reason"]
+    reason = job["advice_reason"]
+    assert "fast: ZeRO-" in reason or "placed on fast (ZeRO-" in reason
+    assert (
+        "waits: cluster fast has 2 of its 2 GPUs admitted; this job needs 2 (expected to" in reason
+    )
+    assert "ends in" in reason

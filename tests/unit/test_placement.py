@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from service.core.advisor import advise
 from service.core.clusters import BackendKind, ClusterProfile
-from service.core.placement import choose, plan_everywhere, summary
+from service.core.placement import choose, plan_everywhere, start_in_s, summary
 from service.core.spec import JobSpec
 
 SEVEN_B = {
@@ -63,3 +65,36 @@ def test_the_spec_may_limit_the_choice_and_a_cluster_too_small_is_ruled_out() ->
     cluster, why = place(huge)
     assert cluster == "h100"
     assert "a100-40: ruled out, offers at most 4 nodes, the job asks for 8" in why
+
+
+def test_with_its_length_known_the_job_goes_where_it_ends_first() -> None:
+    long_job = {**SEVEN_B, "training": {**SEVEN_B["training"], "steps": 20_000}}  # type: ignore[dict-item]
+    job = JobSpec.model_validate(long_job)
+    busy = {"h100": "cluster h100 has 64 of its 64 GPUs admitted"}
+
+    def options(h100_free_in_s: float | None) -> list[Any]:
+        return plan_everywhere(
+            job, [A100_40, H100], advise, lambda p: busy.get(p.name, ""),
+            lambda p: h100_free_in_s,
+        )  # fmt: skip
+
+    free = {o.cluster: o for o in options(0.0)}
+    a100_s, h100_s = free["a100-40"].duration_s, free["h100"].duration_s
+    assert a100_s is not None and h100_s is not None and h100_s < a100_s  # the faster GPU
+    soon = options((a100_s - h100_s) / 2)  # the H100 frees up early enough to win
+    chosen = choose(soon)
+    assert chosen is not None and chosen.cluster == "h100"
+    assert "expected to start in" in summary(soon, chosen)
+    late = choose(options(a100_s))  # it frees up only after the A100 run would have ended
+    assert late is not None and late.cluster == "a100-40"
+    unknown = choose(options(None))  # its start unknown: the known end wins
+    assert unknown is not None and unknown.cluster == "a100-40"
+
+
+def test_a_start_is_the_end_of_the_job_whose_gpus_make_enough() -> None:
+    ends = [(4, 600.0), (2, 60.0), (8, None)]
+    assert start_in_s(2, 2, ends) == 0.0  # free now
+    assert start_in_s(4, 2, ends) == 60.0  # the 2-GPU job ends first
+    assert start_in_s(8, 2, ends) == 600.0
+    assert start_in_s(9, 2, ends) is None  # needs the job whose end is not known
+    assert start_in_s(64, 2, [(4, 60.0)]) is None  # more than the limit ever frees

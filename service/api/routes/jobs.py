@@ -43,6 +43,7 @@ from service.db import jobs as job_store
 from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, would_wait
 from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
+from service.db.placement import expected_start_s
 from service.db.session import autocommit, get_engine
 from service.db.transitions import move_job
 from service.db.users import Caller, checkpoint_roots_of
@@ -145,7 +146,12 @@ def _place(
         if (why := refusal(caller, name, gpus, profile.max_gpus, borrowing))
     }
     eligible = [p for name, p in profiles.items() if name not in refused]
-    planned = {o.cluster: o for o in plan_everywhere(spec, eligible, advise_once, waits)}
+
+    def start_in(profile: ClusterProfile) -> float | None:
+        return expected_start_s(session, caller, profile.name, gpus, profile.max_gpus)
+
+    options_there = plan_everywhere(spec, eligible, advise_once, waits, start_in)
+    planned = {o.cluster: o for o in options_there}
     options = [o for name in profiles if (o := refused.get(name) or planned.get(name))]
     chosen = choose(options)
     if chosen is None:

@@ -1,5 +1,6 @@
 """borrow limit per team: how many GPUs past its quota it may borrow (null: no limit); when a
-preempted job was put back in line (its borrowing back-off counts from then)
+preempted job was put back in line (its borrowing back-off counts from then); a job's length
+in steps and predicted step time (when its GPUs free up, for placement)
 
 Revision ID: 0011
 Revises: 0010
@@ -22,10 +23,14 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("borrow_limit", sa.Integer(), nullable=True))
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.add_column(sa.Column("requeued_at", sa.DateTime(), nullable=True))
+        batch_op.add_column(sa.Column("steps", sa.Integer(), nullable=True))
+        batch_op.add_column(sa.Column("step_s", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_column("step_s")
+        batch_op.drop_column("steps")
         batch_op.drop_column("requeued_at")
     with op.batch_alter_table("team", schema=None) as batch_op:
         batch_op.drop_column("borrow_limit")
