@@ -51,7 +51,7 @@ _NATIVE_STATES: dict[str, FailureClass] = {
     "DEADLINE": FailureClass.TIMEOUT,
     "DEADLINEEXCEEDED": FailureClass.TIMEOUT,
     "NODE_FAIL": FailureClass.NODE_LOST,
-    "PREEMPTED": FailureClass.NODE_LOST,
+    "PREEMPTED": FailureClass.PREEMPTED,  # Slurm stopped it for another job: a preemption
     "BOOT_FAIL": FailureClass.NODE_LOST,
     "EVICTED": FailureClass.NODE_LOST,
     "NODELOST": FailureClass.NODE_LOST,
@@ -248,11 +248,18 @@ def _tagged(tag: str | None, message: str, text: str) -> Diagnosis | None:
     return Diagnosis(failure_class, "runtime tag", lines, _numbers(failure_class, "\n".join(lines)))
 
 
+# A pod's DisruptionTarget condition says why: these two are the cluster making room or a
+# drain (preemptions); the others (a lost node's taint, the kubelet's node pressure) are not.
+_PREEMPTING_DISRUPTIONS = re.compile(r"\b(PreemptionByScheduler|EvictionByEvictionAPI)\b")
+
+
 def _by_native_state(native_state: str, reason: str, text: str) -> Diagnosis | None:
     words = native_state.strip().split()  # Slurm says e.g. "CANCELLED by 0"
     failure_class = _NATIVE_STATES.get(words[0].upper()) if words else None
     if failure_class is None:
         return None
+    if failure_class == FailureClass.NODE_LOST and _PREEMPTING_DISRUPTIONS.search(reason):
+        failure_class = FailureClass.PREEMPTED
     lines = [f"cluster state {native_state.strip()}" + (f": {reason}" if reason else "")]
     if failure_class.out_of_memory and (hint := _matching_line(_OOM_KILLER_HINT, text)):
         lines.append(hint)

@@ -156,7 +156,7 @@ def test_a_gpu_oom_beats_the_nccl_errors_it_causes_on_other_ranks() -> None:
         ("DEADLINE", FailureClass.TIMEOUT),
         ("DeadlineExceeded", FailureClass.TIMEOUT),
         ("NODE_FAIL", FailureClass.NODE_LOST),
-        ("PREEMPTED", FailureClass.NODE_LOST),
+        ("PREEMPTED", FailureClass.PREEMPTED),  # Slurm's preemption (PreemptMode=CANCEL)
         ("BOOT_FAIL", FailureClass.NODE_LOST),
         ("Evicted", FailureClass.NODE_LOST),
         ("CANCELLED by 0", FailureClass.CANCELLED),
@@ -425,3 +425,20 @@ def test_an_oom_inside_deepspeed_initialize_is_marked_with_its_phase() -> None:
     assert at_init.as_record()["phase"] == "initialize"
     assert in_training.failure_class == FailureClass.OOM_GPU
     assert "phase" not in in_training.as_record()
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        ("PreemptionByScheduler: Preempted in order to admit critical pod", FailureClass.PREEMPTED),
+        ("EvictionByEvictionAPI: Eviction API: evicting", FailureClass.PREEMPTED),
+        ("DeletionByTaintManager: Taint manager: deleting due to NoExecute taint",
+         FailureClass.NODE_LOST),
+        ("TerminationByKubelet: The node was low on resource: memory", FailureClass.NODE_LOST),
+    ],
+)  # fmt: skip
+def test_a_disrupted_pod_is_a_preemption_when_the_cluster_made_room_or_drained(
+    condition: str, expected: FailureClass
+) -> None:
+    reason = f"Failed: Pod ns/p-0 has condition DisruptionTarget; pod p-0 disrupted: {condition}"
+    assert classify(native_state="DisruptionTarget", reason=reason) == expected
