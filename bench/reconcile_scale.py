@@ -128,15 +128,37 @@ def per_attempt_pass(settings: Settings) -> None:
         reconcile_attempt(settings, watched.attempt_id)
 
 
-def compare(kind: str, settings: Settings, size: int, alone_up_to: int) -> dict[str, Any]:
-    reconcile(settings)  # records each attempt's pending reason once
+def compare(
+    kind: str, settings: Settings, size: int, alone_up_to: int, end: Callable[[int], None]
+) -> dict[str, Any]:
+    first_s = measured(kind, lambda: reconcile(settings))[1]  # records every pending reason
     batched_calls, batched_s = measured(kind, lambda: reconcile(settings))
-    row: dict[str, Any] = {"backend": kind, "attempts": size, "batched_calls": batched_calls,
-                           "batched_s": round(batched_s, 3)}  # fmt: skip
+    row: dict[str, Any] = {
+        "backend": kind, "attempts": size, "first_pass_s": round(first_s, 3),
+        "batched_calls": batched_calls, "batched_s": round(batched_s, 3),
+    }  # fmt: skip
     if size <= alone_up_to:
         alone_calls, alone_s = measured(kind, lambda: per_attempt_pass(settings))
         row |= {"alone_calls": alone_calls, "alone_s": round(alone_s, 3)}
+    # A few attempts end on the cluster; the next pass records them. A worker's beat starts it
+    # at most one interval after the change: the change reaches the database within an
+    # interval plus this pass.
+    end(ENDED)
+    ended_s = measured(kind, lambda: reconcile(settings))[1]
+    row |= {
+        "ended": ENDED,
+        "recorded": recorded_ends(settings, size),
+        "ended_pass_s": round(ended_s, 3),
+    }
     return row
+
+
+ENDED = 10  # attempts that end on the cluster before the measured pass
+
+
+def recorded_ends(settings: Settings, size: int) -> int:
+    """How many attempts the pass saw end (no longer active in the database)."""
+    return size - len(active_attempts(settings))
 
 
 # ---- Kubernetes ----
@@ -159,9 +181,16 @@ def kubernetes_rows(sizes: list[int], alone_up_to: int, folder: Path) -> Iterato
                 "queue": "bench",  # suspended until Kueue admits it: no pods
             })  # fmt: skip
             refs = create_jobs(plane.api, profile, folder, size)
+
+            def delete(count: int, api: Any = plane.api, refs: list[str] = refs) -> None:
+                for ref in refs[:count]:  # gone from the cluster: LOST, "deleted outside"
+                    namespace, name = kubernetes.decode_ref(ref)
+                    api.delete(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
+
             with fresh_database() as url:
                 store_attempts(url, refs, "kubernetes")
-                yield compare("kubernetes", settings_for(url, folder, profile), size, alone_up_to)
+                settings = settings_for(url, folder, profile)
+                yield compare("kubernetes", settings, size, alone_up_to, delete)
     finally:
         plane.stop()
 
@@ -196,10 +225,17 @@ def slurm_rows(sizes: list[int], alone_up_to: int, folder: Path) -> Iterator[dic
         })  # fmt: skip
         for size in sizes:
             refs = held_jobs(conf, folder / f"held-{size}", size)
+
+            def cancel(count: int, conf: Path = conf, refs: list[str] = refs) -> None:
+                ids = [ref.split(":", 1)[0] for ref in refs[:count]]  # CANCELLED outside
+                subprocess.run(["scancel", *ids], env={**os.environ, "SLURM_CONF": str(conf)},
+                               check=True)  # fmt: skip
+
             try:
                 with fresh_database() as url:
                     store_attempts(url, refs, "slurm")
-                    yield compare("slurm", settings_for(url, folder, profile), size, alone_up_to)
+                    settings = settings_for(url, folder, profile)
+                    yield compare("slurm", settings, size, alone_up_to, cancel)
             finally:
                 env = {**os.environ, "SLURM_CONF": str(conf)}
                 subprocess.run(["scancel", "--me", "--quiet"], env=env, check=False)
