@@ -23,6 +23,7 @@ from sqlmodel import Session, col
 from service.checkpoint_paths import checkpoint_dir, job_fence
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
+from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import stop_grace
@@ -37,6 +38,7 @@ from service.settings import Settings
 from workers.backends import get_backend
 from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
 from workers.render import make_private_dir, write_json_once
+from workers.replacement import LAUNCH_CLUSTER, replace_after_failed_launch
 
 log = logging.getLogger(__name__)
 
@@ -211,10 +213,22 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
         job = session.get(Job, attempt.job_id) if attempt else None
         if attempt is None or job is None:
             return
-        fields = {"failure_class": FailureClass.LAUNCH_ERROR, "failure_message": message[:2000]}
-        move_attempt(
+        evidence = {**attempt.failure_evidence, LAUNCH_CLUSTER: job.cluster}
+        fields = {
+            "failure_class": FailureClass.LAUNCH_ERROR,
+            "failure_message": message[:2000],
+            "failure_evidence": evidence,
+        }
+        if not move_attempt(
             session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields
-        )
+        ):
+            return
+        why_not = replace_after_failed_launch(session, settings, job, attempt, message)
+        if not why_not:
+            log.info("job %s re-placed on %s after its launch failed", job.id, job.cluster)
+            return
+        if JobSpec.model_validate(job.spec).resources.cluster == AUTO:
+            message = f"{message}; {why_not}"
         move_job(
             session,
             job,

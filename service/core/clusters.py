@@ -47,6 +47,9 @@ class ClusterProfile(BaseModel):
     pcie_gb_per_s: float | None = Field(default=None, gt=0)  # host link (offload copies)
     # GPUs zeropilot admits onto this cluster at once (teams share them fairly); None: no cap.
     max_gpus: int | None = Field(default=None, gt=0)
+    # The shared storage its nodes mount checkpoints from, by name; None: its own. A job that
+    # has checkpoints moves (cluster: auto) only between clusters naming the same storage.
+    storage: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
     nccl_env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(
         default_factory=dict
     )

@@ -174,3 +174,29 @@ def _cannot_run(spec: JobSpec, profile: ClusterProfile) -> str:
     if profile.kind == BackendKind.KUBERNETES and spec.image is None:
         return "runs each node in a container and the job has no image"
     return ""
+
+
+def movable(
+    profiles: Sequence[ClusterProfile],
+    failed: set[str],
+    here: ClusterProfile | None,
+    has_checkpoints: bool,
+) -> tuple[list[ClusterProfile], list[Option]]:
+    """Where a job whose launch failed for good on ``here`` may go instead: not a cluster where
+    a launch of it failed, and, when it has checkpoints to resume from, only a cluster that
+    mounts the same shared storage; the others with the reason."""
+    kept: list[ClusterProfile] = []
+    left_out: list[Option] = []
+    storage = here.storage if here is not None else None
+    for profile in profiles:
+        if profile.name in failed:
+            left_out.append(Option(profile.name, ruled_out="a launch of this job failed there"))
+        elif has_checkpoints and (storage is None or profile.storage != storage):
+            where = f"storage {storage}" if storage else "its own storage"
+            left_out.append(Option(profile.name, ruled_out=(
+                f"its checkpoints are on {where} of {here.name if here else '?'}, which this"
+                " cluster does not mount"
+            )))  # fmt: skip
+        else:
+            kept.append(profile)
+    return kept, left_out

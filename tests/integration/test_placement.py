@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.settings import ClusterSettings, Settings
 from tests.integration.helpers import auth, tiny_spec
+from workers.launch import launch_attempt
+from workers.reconcile import reconcile
 
 
 @pytest.fixture
@@ -115,3 +117,71 @@ def test_an_auto_job_of_known_length_goes_where_it_would_end_first(
         "waits: cluster fast has 2 of its 2 GPUs admitted; this job needs 2 (expected to" in reason
     )
     assert "ends in" in reason
+
+
+@pytest.fixture
+def one_broken(settings: Settings, tmp_path: Path) -> Settings:
+    """A GPU cluster whose launches always fail (its slurm.conf is empty) and a CPU one."""
+    broken = tmp_path / "slurm.conf"
+    broken.write_text("")  # sbatch: "ClusterName needs to be specified", at once
+    profiles = tmp_path / "clusters.yaml"
+    profiles.write_text(yaml.safe_dump({"clusters": [
+        {"name": "gpu-a", "kind": "slurm", "accelerator": "nvidia-h100-80gb", "gpu_memory_gib": 80,
+         "gpus_per_node": 2, "slurm_conf": str(broken)},
+        {"name": "cpu-b", "kind": "local", "gpus_per_node": 2, "cpu_memory_gib": 16},
+    ]}))  # fmt: skip
+    workers = settings.workers.model_copy(update={"launch_max_tries": 1})
+    return settings.model_copy(
+        update={"clusters": ClusterSettings(profiles_file=profiles), "workers": workers}
+    )
+
+
+def bigger(name: str, clusters: tuple[str, ...] = ("gpu-a", "cpu-b")) -> dict[str, Any]:
+    """~400M parameters: far faster on the H100 than on the CPU, so placement picks gpu-a."""
+    spec = auto(name, clusters=list(clusters))
+    return {**spec, "model": {"hidden_size": 2048, "num_layers": 8, "num_heads": 16,
+                              "vocab_size": 32000}}  # fmt: skip
+
+
+def test_a_failed_launch_re_places_the_job_on_the_next_cluster(
+    one_broken: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(one_broken)) as client:
+        alice = auth(tokens["alice"])
+        job = client.post("/v1/jobs", json=bigger("moved"), headers=alice).json()
+        assert job["cluster"] == "gpu-a", job["advice_reason"]
+
+        launch_attempt(one_broken, job["attempts"][0]["id"])  # sbatch cannot read its config
+        moved = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+        reconcile(one_broken)  # the new cluster's admission starts it
+        admitted = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+
+    first, second = moved["attempts"]
+    assert (first["status"], first["failure_class"]) == ("FAILED", "LAUNCH_ERROR")
+    assert (moved["status"], moved["cluster"]) == ("PENDING", "cpu-b")
+    assert second["rung"] == "re-placed on cpu-b after the launch on gpu-a failed"
+    assert second["backend"] == "local"
+    assert (
+        second["plan"]["ds_config"] != first["plan"]["ds_config"] or second["plan"] != first["plan"]
+    )
+    reason = next(e["reason"] for e in moved["events"] if e["to_status"] == "PENDING" and
+                  "re-placed" in e["reason"])  # fmt: skip
+    assert "gpu-a: ruled out, a launch of this job failed there" in reason
+    assert (admitted["status"], admitted["current_attempt"]) == ("QUEUED", 2)
+
+
+def test_with_nowhere_else_to_go_a_failed_launch_fails_the_job_and_says_why(
+    one_broken: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(one_broken)) as client:
+        alice = auth(tokens["alice"])
+        job = client.post("/v1/jobs", json=bigger("stuck", clusters=("gpu-a",)), headers=alice)
+        attempt_id = job.json()["attempts"][0]["id"]
+        launch_attempt(one_broken, attempt_id)
+        failed = client.get(f"/v1/jobs/{job.json()['id']}", headers=alice).json()
+
+    assert (failed["status"], failed["failure_class"]) == ("FAILED", "LAUNCH_ERROR")
+    assert (
+        "no other cluster can run it (gpu-a: a launch of this job failed there)"
+        in (failed["message"])
+    )

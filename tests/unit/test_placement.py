@@ -6,7 +6,7 @@ from typing import Any
 
 from service.core.advisor import advise
 from service.core.clusters import BackendKind, ClusterProfile
-from service.core.placement import choose, plan_everywhere, start_in_s, summary
+from service.core.placement import choose, movable, plan_everywhere, start_in_s, summary
 from service.core.spec import JobSpec
 
 SEVEN_B = {
@@ -98,3 +98,19 @@ def test_a_start_is_the_end_of_the_job_whose_gpus_make_enough() -> None:
     assert start_in_s(8, 2, ends) == 600.0
     assert start_in_s(9, 2, ends) is None  # needs the job whose end is not known
     assert start_in_s(64, 2, [(4, 60.0)]) is None  # more than the limit ever frees
+
+
+def test_a_job_with_checkpoints_moves_only_to_a_cluster_on_the_same_storage() -> None:
+    lustre_a = gpu_cluster("a", 80, "nvidia-h100-80gb").model_copy(update={"storage": "lustre"})
+    lustre_b = gpu_cluster("b", 80, "nvidia-h100-80gb").model_copy(update={"storage": "lustre"})
+    other = gpu_cluster("c", 80, "nvidia-h100-80gb")  # its own storage
+    profiles = [lustre_a, lustre_b, other]
+
+    kept, left_out = movable(profiles, {"a"}, lustre_a, has_checkpoints=True)
+    assert [p.name for p in kept] == ["b"]
+    assert {o.cluster: o.ruled_out for o in left_out} == {
+        "a": "a launch of this job failed there",
+        "c": "its checkpoints are on storage lustre of a, which this cluster does not mount",
+    }
+    fresh, _ = movable(profiles, {"a"}, lustre_a, has_checkpoints=False)  # nothing to carry
+    assert [p.name for p in fresh] == ["b", "c"]

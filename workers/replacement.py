@@ -1,0 +1,89 @@
+"""Re-placing a ``cluster: auto`` job whose launch failed for good: the next best cluster gets
+it, with a plan made for that cluster, resuming from its checkpoint where storage allows.
+
+The job goes back to PENDING on the new cluster (its GPUs on the old one released, the new
+cluster's admission starts it), with a new attempt that counts against no budget of the user's.
+Clusters where a launch of it failed are never chosen again, and a job with checkpoints moves
+only between clusters that mount the same storage (``ClusterProfile.storage``).
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from service.core.advice_memo import advise_once
+from service.core.advisor import Candidate
+from service.core.clusters import ClusterProfile
+from service.core.placement import AUTO, choose, movable, plan_everywhere, summary
+from service.core.spec import JobSpec
+from service.core.states import JobStatus
+from service.db.admission import WAITING_PREFIX, would_wait
+from service.db.jobs import add_attempt, attempts_of
+from service.db.models import Attempt, Job, Team, User
+from service.db.transitions import move_job
+from service.db.users import Caller
+from service.settings import Settings
+from workers.escalate import resume_method
+from workers.retention import resume_checkpoint
+
+LAUNCH_CLUSTER = "launch_cluster"  # failure_evidence: where a launch failed, for the next choice
+
+
+def replace_after_failed_launch(
+    session: Session, settings: Settings, job: Job, attempt: Attempt, error: str
+) -> str:
+    """Move the job to another cluster; "" when it moved, else why it could not (it fails)."""
+    spec = JobSpec.model_validate(job.spec)
+    if spec.resources.cluster != AUTO:
+        return "the job names its cluster"
+    profiles = settings.cluster_profiles()
+    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
+    failed.add(job.cluster)
+    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
+    eligible, left_out = movable(
+        list(profiles.values()), failed, profiles.get(job.cluster), checkpoint is not None
+    )
+    user, team = session.get(User, job.user_id), session.get(Team, job.team_id)
+    if user is None or team is None:
+        return "its user or team is gone"
+    caller = Caller.of(user, team)
+    borrowing = settings.scheduling.borrowing
+
+    def waits(profile: ClusterProfile) -> str:
+        why = would_wait(
+            session, caller, profile.name, job.gpus, job.priority, profile.max_gpus, borrowing
+        )
+        return why or ""
+
+    options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
+    chosen = choose(options)
+    if chosen is None or chosen.advice is None:
+        return "no other cluster can run it (" + "; ".join(
+            f"{o.cluster}: {o.ruled_out}" for o in options if o.ruled_out
+        ) + ")"  # fmt: skip
+    plan = chosen.advice.plan
+    method = resume_method(Candidate.model_validate(attempt.plan), plan) if checkpoint else None
+    plan_json = plan.model_dump(mode="json")
+    if method == "universal":  # the engine must be built to load one
+        plan_json["ds_config"]["checkpoint"] = {"load_universal": True}
+    before = job.cluster
+    rung = f"re-placed on {chosen.cluster} after the launch on {before} failed"
+    new = add_attempt(
+        session, job, number=attempt.number + 1, plan=plan_json, rung=rung,
+        backend=profiles[chosen.cluster].kind,
+        resumed_from=checkpoint.path if checkpoint else None, resume_method=method,
+    )  # fmt: skip
+    where = f", from the step-{checkpoint.step} checkpoint ({method})" if checkpoint else ""
+    moved = move_job(
+        session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
+        f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
+        f" {chosen.cluster}{where}: {summary(options, chosen)}",
+        current_attempt=new.number, plan=plan_json,
+        message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
+        " failed; admission starts it there",
+    )  # fmt: skip
+    if not moved:
+        return "the job moved on meanwhile"
+    job.cluster = chosen.cluster  # PENDING holds no GPUs: the new cluster's count is untouched
+    session.add(job)
+    return ""
