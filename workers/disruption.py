@@ -27,6 +27,14 @@ DISRUPTION_RUNG = "retry after a disruption"  # how these attempts are told apar
 MAX_STOP_RESUMES = 20
 STOP_RUNG = "resume after a stop"
 _DISRUPTION = (DISRUPTION_RUNG, MAX_DISRUPTION_RETRIES)
+PREEMPTION_RUNG = "resume after preemption"
+REPLACEMENT_RUNG = "re-placed on"  # workers.replacement: another cluster after a failed launch
+
+
+def counts_against_the_user(rung: str) -> bool:
+    """Whether an attempt uses one of the spec's ``escalation.max_attempts``: not when the
+    cluster or zeropilot caused it (a disruption, a stop, a preemption, a re-placement)."""
+    return not rung.startswith((DISRUPTION_RUNG, STOP_RUNG, PREEMPTION_RUNG, REPLACEMENT_RUNG))
 
 
 def disruption_retries(session: Session, job: Job, rung: str = DISRUPTION_RUNG) -> int:
@@ -71,9 +79,6 @@ def retry_after_disruption(
         current_attempt=number,
     )
     return new.id
-
-
-PREEMPTION_RUNG = "resume after preemption"
 
 
 def requeue_preempted(

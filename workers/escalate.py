@@ -14,7 +14,7 @@ from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Job, JobEvent
 from service.db.transitions import move_job
 from service.settings import Settings
-from workers.disruption import DISRUPTION_RUNG
+from workers.disruption import counts_against_the_user
 from workers.retention import resume_checkpoint
 
 
@@ -30,8 +30,8 @@ def escalate(
     """Queue the next attempt; return its id, or None and the reason (with numbers) why not."""
     failure = diagnosis.failure_class
     history = attempts_of(session, job.id)
-    # Disruption retries have their own budget (workers.disruption): they use none of these.
-    used = sum(1 for a in history if not a.rung.startswith(DISRUPTION_RUNG))
+    # Disruptions, stops, preemptions and re-placements have their own budgets or none.
+    used = sum(1 for a in history if counts_against_the_user(a.rung))
     if used >= spec.escalation.max_attempts:
         limit = spec.escalation.max_attempts
         return None, f"not re-planned: {used} of at most {limit} attempts used"

@@ -23,6 +23,7 @@ from service.db.models import Attempt, Job, Team, User
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
+from workers.disruption import REPLACEMENT_RUNG
 from workers.escalate import resume_method
 from workers.retention import resume_checkpoint
 
@@ -67,7 +68,7 @@ def replace_after_failed_launch(
     if method == "universal":  # the engine must be built to load one
         plan_json["ds_config"]["checkpoint"] = {"load_universal": True}
     before = job.cluster
-    rung = f"re-placed on {chosen.cluster} after the launch on {before} failed"
+    rung = f"{REPLACEMENT_RUNG} {chosen.cluster} after the launch on {before} failed"
     new = add_attempt(
         session, job, number=attempt.number + 1, plan=plan_json, rung=rung,
         backend=profiles[chosen.cluster].kind,

@@ -27,7 +27,7 @@ from service.db.users import create_user, user_by_token
 from service.settings import BrokerSettings, ClusterSettings, DatabaseSettings, Settings
 from service.tasks import LAUNCH_ATTEMPT
 from tests.integration.helpers import queued_tasks, tiny_spec
-from workers.disruption import DISRUPTION_RUNG
+from workers.disruption import DISRUPTION_RUNG, PREEMPTION_RUNG, STOP_RUNG
 from workers.reconcile import reconcile_attempt
 
 GPU_BOX = ClusterProfile(
@@ -156,10 +156,12 @@ def test_an_oom_no_plan_can_absorb_ends_the_job_with_the_numbers(
     ("second_rung", "counted"),
     [
         (f"{DISRUPTION_RUNG} (DisruptionTarget)", False),
+        (f"{STOP_RUNG} (PREEMPTED)", False),
+        (f"{PREEMPTION_RUNG} (by job 0123456789abcdef)", False),
         ("micro-batch 4 -> 2 (accumulation 1 -> 2)", True),
     ],
 )
-def test_disruption_retries_use_none_of_the_users_attempts(
+def test_disruptions_stops_and_preemptions_use_none_of_the_users_attempts(
     settings: Settings, tmp_path: Path, second_rung: str, counted: bool
 ) -> None:
     log = cuda_oom("4.00 GiB", "1.50 GiB")
