@@ -8,13 +8,16 @@ move pods through Running to an exit code, as a kubelet would report them in ``p
 A pod's container can also run for real, as a process on this machine (``run_container`` in the
 foreground, ``start_container`` in the background): the argv and environment the kubelet would
 give it (``kubelet_view``), on top of this process's environment (the image's stand-in), with
-the launcher replaced by the test's trainer, its output as the pod's log and its exit code (128 +
-the signal that ended it) as the container's terminated state. What is simulated: the mounts
-(the projected ConfigMap and Secret are written to a folder of the kubelet's, and their mount
-path is replaced by that folder in argv and environment; a claim's hostPath volume is used where
-it lies), the container's isolation (a process group; no namespaces, cgroups or image), and the
-runtime's stop (SIGTERM to the container's main process, as a runtime signals PID 1; SIGKILL to
-its whole group once the pod's ``deletionGracePeriodSeconds`` have passed, exit 137).
+what the test gives in the launcher's place (a trainer, or the launcher with this interpreter),
+its output as the pod's log and its exit code (128 + the signal that ended it) as the
+container's terminated state; when its main process ends, the rest of its group is killed.
+What is simulated: the mounts (the projected ConfigMap and Secret are written to a folder of the
+kubelet's, and their mount path is replaced by that folder in argv and environment; a claim's
+hostPath volume is used where it lies), the container's isolation (a process group; no
+namespaces, cgroups or image, no cluster DNS), and the runtime's stop (SIGTERM to the
+container's main process, as a runtime signals PID 1; SIGKILL to its whole group once the pod's
+``deletionGracePeriodSeconds`` have passed, exit 137; PID 1's immunity to signals it has no
+handler for is not modelled).
 
 In the background it finishes graceful deletions of pods on its nodes as a kubelet does: a pod
 whose container runs for real is stopped as above, the others are reported stopped at once
@@ -237,7 +240,7 @@ class FakeKubelet:
         self, namespace: str, name: str, trainer: list[str], env: Mapping[str, str] | None = None
     ) -> Container:
         """As ``run_container``, in the background and with the pod's environment and mounts
-        (``env``: what the launcher would add for its rank, e.g. RANK); the pod turns Running,
+        (``env``: more variables, e.g. a rank's when ``trainer`` is one); the pod turns Running,
         its log grows as the process prints, and its exit is reported when it comes. A
         graceful deletion of the pod stops it (SIGTERM, the grace, SIGKILL)."""
         pod = self.pod(namespace, name)
@@ -273,6 +276,8 @@ class FakeKubelet:
             self.logs[key] += line.decode(errors="replace")
         code = container.process.wait()
         container.exit_code = 128 - code if code < 0 else code
+        with contextlib.suppress(ProcessLookupError):  # its main process gone, the rest go too
+            os.killpg(container.process.pid, signal.SIGKILL)
         with contextlib.suppress(httpx.HTTPError, AssertionError):  # the pod may be gone
             self.exit(container.namespace, container.pod, container.exit_code)
         container.reported.set()

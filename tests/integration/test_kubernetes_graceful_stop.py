@@ -2,9 +2,10 @@
 
 The control plane is real (API server, Job controller, scheduler, garbage collector); the
 simulated kubelet (``FakeKubelet.start_container``) runs the pod's container as a process here:
-zeropilot's log wrapper (the pods mount a shared volume) in front of one rank of
-``examples/train_tiny.py``, which DeepSpeed's launcher would start, with the pod's environment
-and its ConfigMap and Secret files. The runtime reports to the API over HTTP (uvicorn in a
+zeropilot's log wrapper (the pods mount a shared volume), DeepSpeed's runner and launch.py as the
+pod's command gives them (master address 127.0.0.1: no cluster DNS here) and the one rank of
+``examples/train_tiny.py`` they start, with the pod's environment and its ConfigMap and Secret
+files. The runtime reports to the API over HTTP (uvicorn in a
 thread); the worker's launch, reconcile and stop run in the test. The kubelet stops a deleted
 pod as a runtime does: SIGTERM to the container's main process, SIGKILL after the pod's grace.
 """
@@ -147,16 +148,16 @@ def submitted(
 
 
 def launched(settings: Settings, kubelet: FakeKubelet, ns: str, attempt_id: str) -> Container:
-    """The worker launches the attempt; the kubelet starts its pod's container for real."""
+    """The worker launches the attempt; the kubelet starts its pod's container for real: the
+    log wrapper and DeepSpeed's launcher as the pod's command says, which start the rank."""
     launch_attempt(settings, attempt_id)
     attempt = row(settings, Attempt, attempt_id)
     (pod,) = kubelet.wait_for_pods(ns, attempt.backend_name, 1)
     argv, _env = kubelet_view(kubelet.pod(ns, pod))
-    # What DeepSpeed's launcher starts for the node's one rank: the script, its arguments.
-    rank = [sys.executable, "-u", *argv[argv.index("--master_port") + 2 :]]
-    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
-    return kubelet.start_container(ns, pod, rank, rank_env)
+    launcher = [sys.executable, *argv[argv.index("-m") :]]  # the image's python3: this one
+    # Pod 0's DNS name (the headless Service's record) resolves only inside a cluster.
+    launcher[launcher.index("--master_addr") + 1] = "127.0.0.1"
+    return kubelet.start_container(ns, pod, launcher)
 
 
 def row(settings: Settings, kind: type[Any], key: str) -> Any:
