@@ -1,12 +1,28 @@
 """A simulated kubelet for the test control plane: what a node would write, played through the API.
 
-No container runtime can run here, so nothing starts containers. ``FakeKubelet`` registers
-Node objects that advertise GPUs (Ready, untainted, their kubelet endpoint on a loopback port),
-serves container logs over HTTPS on that port the way a kubelet does (the API server proxies
-``pods/log`` there), and lets tests move pods through Running to an exit code, as a kubelet
-would report them in ``pods/status``. In the background it finishes graceful deletions of pods
-on its nodes as a kubelet does: it reports the stopped container (exit 143 after SIGTERM by
-default) and the pod's terminal phase first, and deletes the pod for good only after
+No container runtime runs here. ``FakeKubelet`` registers Node objects that advertise GPUs
+(Ready, untainted, their kubelet endpoint on a loopback port), serves container logs over HTTPS
+on that port the way a kubelet does (the API server proxies ``pods/log`` there), and lets tests
+move pods through Running to an exit code, as a kubelet would report them in ``pods/status``.
+
+A pod's container can also run for real, as a process on this machine (``run_container`` in the
+foreground, ``start_container`` in the background): the argv and environment the kubelet would
+give it (``kubelet_view``), on top of this process's environment (the image's stand-in), with
+what the test gives in the launcher's place (a trainer, or the launcher with this interpreter),
+its output as the pod's log and its exit code (128 + the signal that ended it) as the
+container's terminated state; when its main process ends, the rest of its group is killed.
+What is simulated: the mounts (the projected ConfigMap and Secret are written to a folder of the
+kubelet's, and their mount path is replaced by that folder in argv and environment; a claim's
+hostPath volume is used where it lies), the container's isolation (a process group; no
+namespaces, cgroups or image, no cluster DNS), and the runtime's stop (SIGTERM to the
+container's main process, as a runtime signals PID 1; SIGKILL to its whole group once the pod's
+``deletionGracePeriodSeconds`` have passed, exit 137; PID 1's immunity to signals it has no
+handler for is not modelled).
+
+In the background it finishes graceful deletions of pods on its nodes as a kubelet does: a pod
+whose container runs for real is stopped as above, the others are reported stopped at once
+(exit 143 after SIGTERM by default, ignoring the grace period); the stopped container and the
+pod's terminal phase are reported first, and the pod deleted for good only after
 ``hold_stopped_s`` (a real kubelet tears down volumes and the sandbox in between, seconds on a
 busy node; 0 by default).
 Everything else (validation, quotas, the Job controller, scheduling, garbage collection) is the
@@ -15,15 +31,21 @@ real control plane's.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
 import re
+import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,6 +61,20 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 CONTAINER = "trainer"
 TERMINATION_MESSAGE_BYTES = 2048  # the kubelet's cap for FallbackToLogsOnError
 SIGTERM_EXIT = 143
+SIGKILL_EXIT = 137
+
+
+@dataclass
+class Container:
+    """A pod's container running as a real process, and how the kubelet has stopped it."""
+
+    namespace: str
+    pod: str
+    process: subprocess.Popen[bytes]
+    term_sent_at: float | None = None  # monotonic: when the runtime sent SIGTERM
+    killed_at: float | None = None  # when the grace had passed and it sent SIGKILL
+    exit_code: int | None = None
+    reported: threading.Event = field(default_factory=threading.Event)
 
 
 def now() -> str:
@@ -64,6 +100,8 @@ class FakeKubelet:
         self.stop_exit_code = SIGTERM_EXIT  # how a stopped trainer ends (DeepSpeed's launch: 1)
         self.hold_stopped_s = 0.0  # how long a stopped pod stays Failed before its final delete
         self._stopped_at: dict[str, float] = {}  # pod uid → when its container was stopped
+        self.containers: dict[str, Container] = {}  # pod uid → its container run for real
+        self._volumes = Path(tempfile.mkdtemp(prefix="fake-kubelet-"))
         self._stopping = threading.Event()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(certs / "serving.crt", certs / "serving.key")
@@ -84,6 +122,11 @@ class FakeKubelet:
 
     def stop(self) -> None:
         self._stopping.set()
+        for container in self.containers.values():
+            if container.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(container.process.pid, signal.SIGKILL)
+        shutil.rmtree(self._volumes, ignore_errors=True)
         self._http.shutdown()
         self._http.server_close()
 
@@ -187,12 +230,95 @@ class FakeKubelet:
         ``python3 -m``) runs for real, with this interpreter as the image's ``python3``. Its
         output becomes the pod's log and its exit code the container's; returns the code."""
         argv, _env = kubelet_view(self.pod(namespace, name))
-        launcher_at = argv.index("-m") - 1  # "python3 -m deepspeed.launcher.launch ..."
-        wrapper = [sys.executable, *argv[1:launcher_at]] if launcher_at > 0 else []
-        done = subprocess.run([*wrapper, *trainer], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([*_wrapper(argv), *trainer], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
         self.set_log(namespace, name, done.stdout)
         self.exit(namespace, name, done.returncode)
         return done.returncode
+
+    def start_container(
+        self, namespace: str, name: str, trainer: list[str], env: Mapping[str, str] | None = None
+    ) -> Container:
+        """As ``run_container``, in the background and with the pod's environment and mounts
+        (``env``: more variables, e.g. a rank's when ``trainer`` is one); the pod turns Running,
+        its log grows as the process prints, and its exit is reported when it comes. A
+        graceful deletion of the pod stops it (SIGTERM, the grace, SIGKILL)."""
+        pod = self.pod(namespace, name)
+        argv, pod_env = kubelet_view(pod)
+        mounts = self._mounts(pod)
+        command = [_remapped(word, mounts) for word in [*_wrapper(argv), *trainer]]
+        environment = {
+            **os.environ,
+            **{key: _remapped(value, mounts) for key, value in pod_env.items()},
+            **(env or {}),
+        }
+        working_dir = pod["spec"]["containers"][0].get("workingDir")
+        process = subprocess.Popen(
+            command,
+            cwd=working_dir if working_dir and Path(working_dir).is_dir() else None,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the container: one group the runtime can kill whole
+        )
+        container = Container(namespace, name, process)
+        self.containers[pod["metadata"]["uid"]] = container
+        self.run(namespace, name)
+        threading.Thread(target=self._follow, args=(container,), daemon=True).start()
+        return container
+
+    def _follow(self, container: Container) -> None:
+        """The container's output into its log, then its exit code into the pod's status."""
+        key = (container.namespace, container.pod)
+        assert container.process.stdout is not None
+        self.logs.setdefault(key, "")
+        for line in iter(container.process.stdout.readline, b""):
+            self.logs[key] += line.decode(errors="replace")
+        code = container.process.wait()
+        container.exit_code = 128 - code if code < 0 else code
+        with contextlib.suppress(ProcessLookupError):  # its main process gone, the rest go too
+            os.killpg(container.process.pid, signal.SIGKILL)
+        with contextlib.suppress(httpx.HTTPError, AssertionError):  # the pod may be gone
+            self.exit(container.namespace, container.pod, container.exit_code)
+        container.reported.set()
+
+    def _mounts(self, pod: Json) -> dict[str, str]:
+        """Mount path → where its files lie here: projected ConfigMaps and Secrets written to a
+        folder of the kubelet's, a claim's hostPath volume where it is."""
+        namespace, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        mounts: dict[str, str] = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if mount["name"].startswith("kube-api-access-"):
+                continue  # the service account's token volume: not modelled
+            if "projected" in volume:
+                folder = self._volumes / uid / mount["name"]
+                folder.mkdir(parents=True, exist_ok=True)
+                for source in volume["projected"]["sources"]:
+                    for key, data in self._source_files(namespace, source).items():
+                        (folder / key).write_bytes(data)
+                mounts[mount["mountPath"]] = str(folder)
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                bound = checked(self.api.get(
+                    f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}"
+                ))["spec"]["volumeName"]  # fmt: skip
+                host = checked(self.api.get(f"/api/v1/persistentvolumes/{bound}"))
+                mounts[mount["mountPath"]] = host["spec"]["hostPath"]["path"]
+        return {path: here for path, here in mounts.items() if path != here}
+
+    def _source_files(self, namespace: str, source: Json) -> dict[str, bytes]:
+        """A projected ConfigMap's or Secret's files."""
+        kind = next((k for k in ("configMap", "secret") if k in source), None)
+        if kind is None:
+            return {}  # a service account token, the downward API: not modelled
+        resource = "configmaps" if kind == "configMap" else "secrets"
+        path = f"/api/v1/namespaces/{namespace}/{resource}/{source[kind]['name']}"
+        data = checked(self.api.get(path)).get("data") or {}
+        if kind == "secret":
+            return {key: base64.b64decode(value) for key, value in data.items()}
+        return {key: value.encode() for key, value in data.items()}
 
     def wait_for_image(self, namespace: str, name: str, reason: str, message: str) -> None:
         """The container cannot start: waiting with ``reason`` (e.g. ImagePullBackOff)."""
@@ -242,7 +368,11 @@ class FakeKubelet:
             ):
                 continue
             namespace, name = metadata["namespace"], metadata["name"]
-            if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+            container = self.containers.get(metadata["uid"])
+            if container is not None and not container.reported.is_set():
+                self._stop(container, float(metadata.get("deletionGracePeriodSeconds") or 0))
+                continue  # its exit is reported when the process has ended
+            if container is None and pod["status"].get("phase") not in ("Succeeded", "Failed"):
                 self.exit(namespace, name, self.stop_exit_code, message="stopped by the kubelet")
             stopped_at = self._stopped_at.setdefault(metadata["uid"], time.monotonic())
             if time.monotonic() - stopped_at < self.hold_stopped_s:
@@ -250,6 +380,33 @@ class FakeKubelet:
             self.api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}",
                             params={"gracePeriodSeconds": 0})  # fmt: skip
             self._stopped_at.pop(metadata["uid"], None)
+
+    def _stop(self, container: Container, grace_s: float) -> None:
+        """The runtime's stop: SIGTERM to the main process, SIGKILL to all once the grace (as
+        the pod's deletion says it now, a later delete may shorten it) has passed."""
+        now = time.monotonic()
+        if container.term_sent_at is None:
+            container.term_sent_at = now
+            with contextlib.suppress(ProcessLookupError):
+                container.process.send_signal(signal.SIGTERM)
+        if container.killed_at is None and now - container.term_sent_at >= grace_s:
+            container.killed_at = now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(container.process.pid, signal.SIGKILL)
+
+
+def _wrapper(argv: list[str]) -> list[str]:
+    """What zeropilot runs in front of the launcher (its argv up to ``python3 -m``), with this
+    interpreter as the image's ``python3``; empty when the launcher is the command."""
+    launcher_at = argv.index("-m") - 1  # "python3 -m deepspeed.launcher.launch ..."
+    return [sys.executable, *argv[1:launcher_at]] if launcher_at > 0 else []
+
+
+def _remapped(word: str, mounts: Mapping[str, str]) -> str:
+    for path, here in mounts.items():
+        if word == path or word.startswith(path + "/"):
+            return here + word[len(path) :]
+    return word
 
 
 @contextlib.contextmanager

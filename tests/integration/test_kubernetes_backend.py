@@ -370,13 +370,14 @@ def test_a_resubmit_while_the_job_is_being_deleted_does_not_adopt_it(
     request = launch_request(tmp_path, profile)
     ref = kubernetes.submit(request)
     started(kubelet, ns)
-    kubelet.finish_deletions = False  # the pods stay Terminating: the Job waits (Foreground)
+    kubelet.finish_deletions = False  # the pods stay Terminating: the Job is being stopped
     kubernetes.cancel(profile, ref)
 
     with pytest.raises(TemporaryError, match="being deleted"):
         kubernetes.submit(request)
 
     kubelet.finish_deletions = True
+    poll_until(profile, ref, BackendState.CANCELLED)  # the pods stopped: the Job goes
     wait_until(lambda: names(api, ns, "jobs") == [])
     assert kubernetes.submit(request) == ref  # once it is gone, a new one
     assert not read(api, ns, "jobs", NAME)["metadata"].get("deletionTimestamp")
@@ -981,12 +982,19 @@ def test_cancel_deletes_the_job_its_pods_and_everything_it_owns(
     ref = kubernetes.submit(launch_request(tmp_path, profile))
     started(kubelet, ns)
     kubelet.hold_stopped_s = 5.0  # as a real kubelet: the stopped pods go after a while
+    # No replacement pod while a stopped one has not failed (the server's default with a policy).
+    assert read(api, ns, "jobs", NAME)["spec"]["podReplacementPolicy"] == "Failed"
 
     kubernetes.cancel(profile, ref)
     going = polls_for(profile, ref, seconds=2)
 
-    # Meanwhile the Job controller sees the stopped pods fail; the deletion explains them.
-    assert {(s.state, s.native_state) for s in going} == {(BackendState.CANCELLED, "CANCELLED")}
+    # Stopping while the pods have their grace, then how they ended; never FAILED, though the
+    # Job controller fails the Job once the stopped pods have.
+    seen = [(s.state, s.native_state) for s in going]
+    assert set(seen) <= {(BackendState.RUNNING, "Stopping"), (BackendState.CANCELLED, "CANCELLED")}
+    assert seen[-1] == (BackendState.CANCELLED, "CANCELLED")
+    assert (going[-1].exit_code, going[-1].node_exit_codes) == (SIGTERM_EXIT, {0: 143, 1: 143})
+    assert going[-1].failure_class() == FailureClass.CANCELLED
     wait_until(lambda: everything(api, ns) == [[]] * 4)
     kubernetes.cancel(profile, ref)  # cancelling what is gone is a no-op
     assert kubernetes.poll(profile, ref).state.terminal
@@ -1002,11 +1010,11 @@ def test_a_job_held_by_a_finalizer_reads_as_cancelled_while_it_goes(
               headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
     kubernetes.cancel(profile, ref)
-    status = kubernetes.poll(profile, ref)
-
-    assert status.state == BackendState.CANCELLED
-    assert status.failure_class() == FailureClass.CANCELLED
+    status = poll_until(profile, ref, BackendState.CANCELLED)  # the pods stopped first
     wait_until(lambda: names(api, ns, "pods") == [])
+
+    assert status.failure_class() == FailureClass.CANCELLED
+    assert kubernetes.poll(profile, ref).state == BackendState.CANCELLED  # while it goes
     api.patch(path, json={"metadata": {"finalizers": None}},
               headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
 
@@ -1052,6 +1060,7 @@ def test_one_pass_over_attempts_in_mixed_states_matches_polling_each_alone(
     for what, state in expected.items():
         poll_until(profile, refs[what], state)
     wait_until(lambda: "Unschedulable" in kubernetes.poll(profile, refs["unplaced"]).native_state)
+    wait_until(lambda: kubelet.pods(ns, "zp-mixed-cancelled") == [])
 
     before = calls_sent("kubernetes")
     together = kubernetes.poll_many(profile, list(refs.values()))
@@ -1062,7 +1071,8 @@ def test_one_pass_over_attempts_in_mixed_states_matches_polling_each_alone(
     assert together == alone  # every field: state, exit codes, reason, log tail
     assert "step 100 loss 0.8213" in together[refs["succeeded"]].log_tail
     assert together[refs["oom"]].failure_class() == FailureClass.OOM_HOST
-    # One LIST of Jobs, one of Pods, and the log of each of the two Jobs that ended.
+    # One LIST of Jobs, one of Pods, and the log of each of the two Jobs that ended (the
+    # cancelled one's stopped pod is gone, its log with it).
     assert calls == 4
     api.patch(cancelled, json={"metadata": {"finalizers": None}},
               headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
@@ -1131,6 +1141,7 @@ def test_the_deployments_role_grants_everything_a_launch_uses(
     running = poll_until(profile, ref, BackendState.RUNNING)
     text = kubernetes.logs(profile, ref)
     kubernetes.cancel(profile, ref)
+    poll_until(profile, ref, BackendState.CANCELLED)  # its pods deleted, then the rest
 
     assert running.state == BackendState.RUNNING
     assert "step 1 loss 4.2" in text
@@ -1270,13 +1281,22 @@ def test_the_worker_records_a_cancel_as_cancelled_once_the_job_is_gone(
         assert job is not None and job.status == JobStatus.RUNNING
         move_job(session, job, JobStatus.active(), JobStatus.CANCELLED, "cancelled by alice")
         session.commit()
+    kubelet.hold_stopped_s = 3.0  # as a real kubelet: the stopped pods go after a while
 
     cancel_attempt(settings, attempt_id)
-    wait_until(lambda: everything(api, ns) == [[]] * 4)  # gone: poll alone would say LOST
-    reconcile_attempt(settings, attempt_id)
-    job, attempt = load(settings, job_id, attempt_id)
+
+    def ended() -> Attempt | None:  # each pass sends the stop again until the attempt ended
+        reconcile_attempt(settings, attempt_id)
+        _job, seen = load(settings, job_id, attempt_id)
+        return seen if AttemptStatus(seen.status).terminal else None
+
+    attempt = wait_until(ended)
+    wait_until(lambda: everything(api, ns) == [[]] * 4)
+    reconcile_attempt(settings, attempt_id)  # gone now: poll alone would say LOST
+    job, again = load(settings, job_id, attempt_id)
 
     assert (job.status, attempt.status) == (JobStatus.CANCELLED, AttemptStatus.CANCELLED)
+    assert (attempt.exit_code, again.status) == (SIGTERM_EXIT, AttemptStatus.CANCELLED)
 
 
 def shared_volume(api: httpx.Client, ns: str, folder: Path) -> str:

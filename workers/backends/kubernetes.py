@@ -11,10 +11,12 @@ and creates the rest.
 each node's container ended (exit code, OOMKilled), whether a pod was disrupted (preemption,
 eviction, node loss), and the failing pod's log tail for the classifier. A pod whose image can
 never be pulled would be retried by the kubelet for ever while holding its node, so ``poll``
-deletes that Job when it reports the launch error. ``poll_many`` reads the same from one LIST of
-Jobs and one of Pods per namespace, by zeropilot's label (watches with a cache that resumes from
-its resourceVersion are a later step). Responses are read as plain JSON (the field
-names of the Kubernetes API reference), not as the client's models.
+deletes that Job when it reports the launch error. ``poll_many`` reads the same from one LIST
+of Jobs and one of Pods per namespace, by zeropilot's label (watches with a cache that resumes
+from its resourceVersion are a later step). ``cancel`` is the graceful stop: the running pods
+deleted with the stop's grace, the Job kept until they have ended (``kubernetes_stop``).
+Responses are read as plain JSON (the field names of the Kubernetes API reference), not as the
+client's models.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -79,6 +82,16 @@ from workers.backends.kubernetes_status import (
     still_tracked,
     terminated_state,
     true_conditions,
+)
+from workers.backends.kubernetes_stop import (
+    needs_stopping,
+    pod_ended,
+    pod_running,
+    stop_annotation,
+    stop_is_overdue,
+    stop_requested,
+    stopped_status,
+    stopping_status,
 )
 
 API_TIMEOUT_S = (5.0, 30.0)  # connect, read
@@ -158,8 +171,6 @@ def poll(profile: ClusterProfile, ref: str) -> BackendStatus:
         )
     except NotFoundError:
         return _deleted_outside(ref)
-    if deleted_before_ending(job):
-        return _being_deleted()
     return _job_status(batch, core, profile, job, _job_pods(core, namespace, name))
 
 
@@ -193,8 +204,6 @@ def _listed_status(
 ) -> BackendStatus:
     if job is None:
         return _deleted_outside(ref)
-    if deleted_before_ending(job):
-        return _being_deleted()
     return _job_status(batch, core, profile, job, pods.get(job["metadata"]["name"], []))
 
 
@@ -225,9 +234,19 @@ def _being_deleted() -> BackendStatus:
 def _job_status(
     batch: Any, core: Any, profile: ClusterProfile, job: Json, every_pod: list[Json]
 ) -> BackendStatus:
-    return _ended(core, job, every_pod) or _not_ended(
-        batch, core, profile, job, still_tracked(every_pod)
-    )
+    stop = stop_requested(job)
+    if stop is None and deleted_before_ending(job):
+        return _being_deleted()
+    ended = _ended(core, job, every_pod)
+    if stop is None:
+        return ended or _not_ended(batch, core, profile, job, still_tracked(every_pod))
+    deleting = bool(job["metadata"].get("deletionTimestamp"))
+    if ended is None:
+        return _being_deleted() if deleting else stopping_status(stop)
+    if not deleting:  # zeropilot's stop has run its course: the objects go
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        _delete_attempt(batch, core, namespace, name)
+    return stopped_status(ended, stop)
 
 
 def _ended(core: Any, job: Json, every_pod: list[Json]) -> BackendStatus | None:
@@ -337,11 +356,52 @@ def log_path(ref: str, request: LaunchRequest | None = None) -> str | None:
 
 
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
-    """Delete the attempt's objects; the pods get their terminationGracePeriodSeconds
-    (``grace_s`` is not applied here yet)."""
+    """The graceful stop. Pods still running are deleted with ``grace_s`` as their grace
+    (their kubelet sends SIGTERM now and SIGKILL once it has passed) and the Job is marked, so
+    that ``poll`` says it is stopping, then reads how the pods ended and deletes the Job. A
+    Job with nothing running, or whose stop outlasted its grace, is deleted at once
+    (Foreground: its pods first, with their own grace; the collector takes what it owns).
+    Sent again on every pass until the attempt has ended: a repeat changes nothing."""
     namespace, name = decode_ref(ref)
     batch, core = _apis(profile)
-    _delete_attempt(batch, core, namespace, name)
+    try:
+        job = _json(
+            _call(f"read Job {ref}", lambda: batch.read_namespaced_job(name, namespace, **_RAW))
+        )
+    except NotFoundError:
+        job = None
+    live = [p for p in _job_pods(core, namespace, name) if not pod_ended(p)]
+    stop = stop_requested(job) if job is not None else None
+    nothing_to_save = stop is None and not any(pod_running(p) for p in live)
+    if (
+        job is None
+        or job["metadata"].get("deletionTimestamp")
+        or nothing_to_save
+        or (stop is not None and (not live or stop_is_overdue(stop)))
+    ):
+        _delete_attempt(batch, core, namespace, name)
+        return
+    try:
+        if stop is None:  # the first pass: the grace holds from here
+            _patch_job(batch, job, {"metadata": {"annotations": stop_annotation(grace_s)}})
+        for pod in live:
+            if needs_stopping(pod, grace_s):
+                _stop_pod(core, pod, grace_s)
+    except PermanentError:  # a Role without "patch" on jobs or "delete" on pods: at once
+        _delete_attempt(batch, core, namespace, name)
+
+
+def _stop_pod(core: Any, pod: Json, grace_s: float) -> None:
+    """Delete the pod with the stop's grace (the Job controller replaces no pod before it has
+    failed, and it fails the Job at the first: ``backoffLimit: 0``)."""
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    with contextlib.suppress(NotFoundError):
+        _call(
+            f"delete pod {namespace}/{name}",
+            lambda: core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=math.ceil(grace_s), **_RAW
+            ),
+        )
 
 
 def _own_namespace() -> str | None:
@@ -467,7 +527,7 @@ def _create_or_adopt(
         raise TemporaryError(f"{what} existed and then vanished; submit again") from exc
     if (existing["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) != request.name:
         raise PermanentError(f"{what} exists and was not created for attempt {request.name}")
-    if existing["metadata"].get("deletionTimestamp"):
+    if existing["metadata"].get("deletionTimestamp") or stop_requested(existing):
         # Cancelled a moment ago: adopting it would follow a Job that is about to vanish.
         raise TemporaryError(f"{what} is being deleted; submit again once it is gone")
     owners = {ref.get("uid") for ref in existing["metadata"].get("ownerReferences") or []}

@@ -4,9 +4,14 @@ With a ``shared_volume_claim`` and the attempt folder on that volume, a pod's co
 launcher under a small Python program (``TEE``, run by the image's interpreter, which the
 launcher needs anyway): it copies the launcher's output both to the container's stdout (the pod
 log, and the termination message ``FallbackToLogsOnError`` takes from it) and to
-``<attempt folder>/node-<index>.log``; it passes SIGTERM, SIGINT and SIGUSR1 on to the launcher
-(the graceful stop, the time limit's warning) and exits with the launcher's code (128 + the
-signal that killed it). A pod that cannot write the file says so on stderr and runs on.
+``<attempt folder>/node-<index>.log``; it passes SIGTERM, SIGINT and SIGUSR1 (the graceful
+stop, the time limit's warning) on to the training ranks, the processes below the launcher's
+two levels (DeepSpeed's ``runner`` and its ``launch.py``), or to the launcher while no rank has
+started yet; and it exits with the launcher's code (128 + the signal that killed it). Not to the
+launcher itself: the runner has no handler and dies of SIGTERM, leaving ``launch.py`` and the
+ranks running untold, and ``launch.py`` would exit 1 and kill its ranks 30 s later whatever the
+grace. Told directly, the ranks save and exit 75, and ``launch.py`` and the runner exit with
+that. A pod that cannot write the file says so on stderr and runs on.
 """
 
 from __future__ import annotations
@@ -25,8 +30,25 @@ except OSError as exc:
     print(f"zeropilot: not writing this node's log to {path}: {exc}", file=sys.stderr, flush=True)
     log = None
 child = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def children(of):
+    found = set()
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) in of:
+                    found.add(int(name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+def tell(received, _frame):
+    launch = children({child.pid})  # the runner's launch.py; its children are the ranks
+    for pid in children(launch) or launch or {child.pid}:
+        try:
+            os.kill(pid, received)
+        except ProcessLookupError:
+            pass
 for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-    signal.signal(number, lambda received, _frame: child.send_signal(received))
+    signal.signal(number, tell)
 while chunk := os.read(child.stdout.fileno(), 65536):
     os.write(1, chunk)
     if log is not None:
