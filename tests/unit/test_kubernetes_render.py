@@ -134,7 +134,9 @@ def test_the_command_is_deepspeeds_ssh_less_launcher_in_exec_form(tmp_path: Path
     launch = request(tmp_path)
     port = master_port(launch)
 
-    assert trainer(render_job(launch))["command"] == [
+    command = trainer(render_job(launch))["command"]
+    assert command[:2] == ["python3", "-c"] and command[3] == ""  # under TEE, with no log file
+    assert command[4:] == [
         "python3", "-m", "deepspeed.launcher.runner", "--no_ssh",
         "--hostfile", "/etc/zeropilot/hostfile",
         "--node_rank", "$(JOB_COMPLETION_INDEX)",
@@ -395,7 +397,7 @@ def test_pods_on_the_shared_volume_write_each_nodes_log_into_the_attempt_folder(
 ) -> None:
     command = trainer(render_job(on_volume(tmp_path)))["command"]
     argv = [expand_references(word, DEFINED) for word in command]
-    plain = [expand_references(w, DEFINED) for w in launcher_command(request(tmp_path))]
+    plain = [expand_references(w, DEFINED) for w in launcher_command(request(tmp_path))][4:]
 
     assert argv[:2] == ["python3", "-c"]
     assert argv[3] == f"{tmp_path / 'attempt'}/node-1.log"  # JOB_COMPLETION_INDEX=1
@@ -408,8 +410,25 @@ def test_pods_without_the_volume_or_outside_it_write_no_log_file(tmp_path: Path)
     outside = profile(shared_volume_claim="zeropilot-data", shared_volume_path="/mnt/elsewhere")
 
     for launch in (request(tmp_path), request(tmp_path, profile=outside)):
-        assert "-c" not in launcher_command(launch)[:2]  # the launcher alone
+        command = launcher_command(launch)
+        # still under TEE, which passes a stop's SIGTERM on to the ranks, but with no file
+        assert command[:2] == ["python3", "-c"] and command[3] == ""
         assert log_path(encode_ref("ml", NAME), launch) is None
+
+
+def test_without_a_log_file_the_wrapper_still_tells_the_ranks_of_a_stop(tmp_path: Path) -> None:
+    command = trainer(render_job(request(tmp_path)))["command"]
+    wrapper = [sys.executable, "-c", expand_references(command[2], DEFINED), ""]
+    source = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    done = subprocess.Popen([*wrapper, sys.executable, "-c", source], stdout=subprocess.PIPE)
+    assert done.stdout is not None and done.stdout.readline() == b"ready\n"
+    done.send_signal(signal.SIGTERM)
+    assert done.wait(timeout=30) == 75  # the stand-in got the stop and its code came back
 
 
 def run_wrapped(tmp_path: Path, trainer_source: str, **popen: Any) -> subprocess.Popen[bytes]:

@@ -11,7 +11,9 @@ started yet; and it exits with the launcher's code (128 + the signal that killed
 launcher itself: the runner has no handler and dies of SIGTERM, leaving ``launch.py`` and the
 ranks running untold, and ``launch.py`` would exit 1 and kill its ranks 30 s later whatever the
 grace. Told directly, the ranks save and exit 75, and ``launch.py`` and the runner exit with
-that. A pod that cannot write the file says so on stderr and runs on.
+that. A pod that cannot write the file says so on stderr and runs on. Without the volume the
+same program runs with no file (an empty path): the launcher is never the container's first
+process, which would ignore SIGTERM (it installs no handler) and so never tell the ranks.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ from workers.backends.base import LaunchRequest
 NODE_LOG = "node-{index}.log"
 TEE = """\
 import os, signal, subprocess, sys
-path = sys.argv[1]
+path, log = sys.argv[1], None
 try:
-    log = open(path, "ab", buffering=0)
+    log = open(path, "ab", buffering=0) if path else None
 except OSError as exc:
     print(f"zeropilot: not writing this node's log to {path}: {exc}", file=sys.stderr, flush=True)
-    log = None
 child = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 def children(of):
     found = set()

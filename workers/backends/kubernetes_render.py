@@ -184,10 +184,10 @@ def launcher_command(request: LaunchRequest) -> list[str]:
     rank_at = argv.index("--node_rank") + 1
     command = [word if i == rank_at else escape_dollars(word) for i, word in enumerate(argv)]
     node_log = node_log_on_volume(request)
-    if node_log is None:
-        return command
-    log_file = escape_dollars(str(node_log)).replace("{index}", NODE_INDEX)
-    return [DEFAULT_PYTHON, "-c", escape_dollars(TEE), log_file, *command]
+    # Always under TEE (kubernetes_logs): it passes the stop's SIGTERM on to the ranks
+    log_file = "" if node_log is None else escape_dollars(str(node_log))
+    return [DEFAULT_PYTHON, "-c", escape_dollars(TEE), log_file.replace("{index}", NODE_INDEX),
+            *command]  # fmt: skip
 
 
 def container_env(request: LaunchRequest) -> list[dict[str, str]]:
