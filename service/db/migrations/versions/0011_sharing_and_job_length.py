@@ -10,6 +10,7 @@ Create Date: 2026-12-02 14:10:00.000000
 from __future__ import annotations
 
 import sqlalchemy as sa
+import sqlmodel
 from alembic import op
 
 revision = "0011"
@@ -22,7 +23,9 @@ def upgrade() -> None:
     with op.batch_alter_table("team", schema=None) as batch_op:
         batch_op.add_column(sa.Column("borrow_limit", sa.Integer(), nullable=True))
     with op.batch_alter_table("job", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("requeued_at", sa.DateTime(), nullable=True))
+        batch_op.add_column(
+            sa.Column("requeued_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True)
+        )
         batch_op.add_column(sa.Column("steps", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("step_s", sa.Float(), nullable=True))
 
