@@ -103,3 +103,45 @@ def test_a_preempted_slurm_job_saves_where_it_was_and_resumes_from_there(
     assert any("(not counted)" in reason for reason in queued)
     print(f"reclaiming job done {preempted_within:.1f} s after its submit; saved step"
           f" {saved['step']}, resumed at {min(steps)}")  # fmt: skip
+
+
+def test_a_preempted_slurm_job_that_ignores_sigterm_is_killed_after_its_grace(
+    sharing_slurm: Stack, postgres_url: str
+) -> None:
+    tokens = three_users(postgres_url)
+    apis = {name: Api(sharing_slurm.url, token) for name, token in tokens.items()}
+    for team in ("vision", "speech"):
+        answer = apis["root"].http.patch(f"/v1/teams/{team}", json={"gpu_quota": 1})
+        assert answer.status_code == 200, answer.text
+    sharing_slurm.start_worker("w1")
+    bob, alice = apis["bob"], apis["alice"]
+    spec = slurm_job("speech-stubborn", steps=300, gpus=2, priority=10)
+    args = ["--steps", "300", "--checkpoint-interval", "5", "--ignore-sigterm"]
+    spec = {**spec, "checkpoint": {"grace_s": 3}, "args": args}
+    borrower = bob.submit(spec)
+    wait_until(lambda: len(bob.http.get(f"/v1/jobs/{borrower['id']}/checkpoints").json()) >= 1,
+               "an interval checkpoint of the borrower", sharing_slurm)  # fmt: skip
+
+    reclaim = alice.submit(slurm_job("vision-own", steps=5, gpus=1, priority=50))
+    done = alice.wait_for(reclaim["id"], {"SUCCEEDED", "FAILED"}, sharing_slurm, timeout_s=600)
+    resumed = bob.wait_for(borrower["id"], {"SUCCEEDED", "FAILED"}, sharing_slurm, timeout_s=600)
+
+    assert done["status"] == "SUCCEEDED", done["message"]
+    assert resumed["status"] == "SUCCEEDED", (resumed["message"], sharing_slurm.logs())
+    first, second = resumed["attempts"]
+    assert first["status"] == "PREEMPTED"
+    assert first["failure_message"].startswith(f"preempted by job {reclaim['id']}: stopped (")
+    assert "after saving" not in first["failure_message"]  # killed: it saved nothing at the stop
+    assert first["native_state"] == "CANCELLED"  # scancel, once the grace had passed
+    _, folder = slurm.decode_ref(first["backend_ref"])
+    term_at, killed_at = slurm.term_sent_at(folder), (folder / slurm.KILL_MARKER).read_text()
+    assert term_at is not None
+    waited = float(killed_at) - term_at
+    assert 3 <= waited < 3 + 5  # the grace, then the next reconcile pass (1 s apart here)
+    interval = [c for c in resumed["checkpoints"] if c["attempt_id"] == first["id"]]
+    latest = max(interval, key=lambda c: c["step"])
+    assert latest["step"] % 5 == 0  # an interval checkpoint, the last complete one
+    assert second["resumed_from"] == latest["path"]
+    steps = [m["step"] for m in resumed["metrics"] if m["attempt_id"] == second["id"]]
+    assert min(steps) == latest["step"] + 1 and max(steps) == 300
+    print(f"scancel {waited:.1f} s after the SIGTERM (grace 3 s); resumed at {min(steps)}")
