@@ -97,7 +97,7 @@ def test_the_slurm_scripts_are_private_from_the_start(
         assert f"export ZEROPILOT_ATTEMPT_TOKEN={token}" in node_script.read_text()
         assert mode(node_script) == mode(folder / slurm.BATCH_SCRIPT) == 0o600
     finally:
-        slurm.cancel(profile, ref)
+        slurm.cancel(profile, ref, grace_s=0)
 
 
 def test_a_token_expires_when_its_attempt_ends(

@@ -101,7 +101,7 @@ def test_submitting_the_same_attempt_twice_starts_one_job(
         jobs = slurm_cluster.command("squeue", "--noheader", "--name=retried-a1", "--format=%i")
         assert jobs.split() == [first.partition(":")[0]]
     finally:
-        slurm.cancel(profile, first)
+        slurm.cancel(profile, first, grace_s=0)
 
 
 def test_cancel_stops_every_process_of_a_running_job(
@@ -112,8 +112,8 @@ def test_cancel_stops_every_process_of_a_running_job(
     ref = slurm.submit(request)
     wait_for(profile, ref, until=RUNNING, file_exists=tmp_path / "probe.json")
 
-    slurm.cancel(profile, ref)
-    status = wait_for(profile, ref)
+    slurm.cancel(profile, ref, grace_s=0)  # no grace: scancel at once (the grace's own tests:
+    status = wait_for(profile, ref)  # test_slurm_graceful_stop.py)
 
     assert (status.state, status.native_state) == (BackendState.CANCELLED, "CANCELLED")
     assert status.failure_class() == FailureClass.CANCELLED

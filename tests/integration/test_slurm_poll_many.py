@@ -72,7 +72,7 @@ def test_one_pass_over_jobs_in_mixed_states_matches_polling_each_alone(
     refs["gone"] = slurm.encode_ref(FORGOTTEN_JOB_ID, tmp_path / "gone")
     try:
         wait_for(profile, refs["cancelled"], until=RUNNING)
-        slurm.cancel(profile, refs["cancelled"])
+        slurm.cancel(profile, refs["cancelled"], grace_s=0)  # scancel at once, no SIGTERM first
         for what in ("succeeded", "failed", "oom", "cancelled"):
             wait_for(profile, refs[what])
         wait_for(profile, refs["running"], until=RUNNING)
@@ -83,7 +83,7 @@ def test_one_pass_over_jobs_in_mixed_states_matches_polling_each_alone(
         alone = {ref: slurm.poll(profile, ref) for ref in refs.values()}
     finally:
         for what in ("pending", "running"):
-            slurm.cancel(profile, refs[what])
+            slurm.cancel(profile, refs[what], grace_s=0)
 
     states = {what: together[ref].state for what, ref in refs.items()}
     assert states == {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,9 @@ from workers.render import make_private_dir, write_private
 
 JOB_ID_FILE = "slurm_job_id"
 CANCEL_MARKER = "slurm_cancel_requested"
+# When the stop's SIGTERM went out, and when the scancel after its grace did (Unix times).
+TERM_MARKER = "slurm_term_sent"
+KILL_MARKER = "slurm_scancel_sent"
 POLL_TAIL_LINES = 80
 
 _STATES = {
@@ -195,14 +199,56 @@ def log_path(ref: str, request: LaunchRequest | None = None) -> str:
 
 
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
-    """``scancel``: Slurm sends the steps SIGTERM, then SIGKILL after the cluster's KillWait
-    (``grace_s`` is not applied here yet: KillWait is the cluster's, docs/slurm.md)."""
+    """The graceful stop, one step per call (the reconcile calls it each pass until the job has
+    ended): first SIGTERM to the job's steps only, which the node script passes to the training
+    processes; the first call once ``grace_s`` has passed since runs ``scancel`` (SIGTERM to
+    every process, SIGKILL after KillWait); later calls send nothing. ``grace_s <= 0``: at once."""
     job_id, attempt_dir = decode_ref(ref)
     (attempt_dir / CANCEL_MARKER).touch()  # tells a later poll why, once Slurm has forgotten
+    if _marker_time(attempt_dir, KILL_MARKER) is not None:
+        return
+    signalled_at = term_sent_at(attempt_dir)
     try:
-        run_slurm(profile, ["scancel", job_id])
+        if grace_s <= 0 or (signalled_at is not None and time.time() - signalled_at >= grace_s):
+            run_slurm(profile, ["scancel", job_id])
+            _write_marker(attempt_dir, KILL_MARKER)
+        elif signalled_at is None:
+            _send_term(profile, job_id, attempt_dir)
     except UnknownJobError:
         return  # ended and forgotten already: nothing left to stop
+
+
+def term_sent_at(attempt_dir: Path) -> float | None:
+    """When the stop's SIGTERM was sent (Unix time), from the marker a worker restart keeps."""
+    return _marker_time(attempt_dir, TERM_MARKER)
+
+
+def _send_term(profile: ClusterProfile, job_id: str, attempt_dir: Path) -> None:
+    fields = _scontrol_job(profile, job_id)
+    if fields is None:
+        return  # forgotten: it ended
+    if _STATES.get(fields.get("JobState", "")) == BackendState.PENDING:
+        # Nothing to save yet, and scancel would retry a signal to it until it timed out.
+        run_slurm(profile, ["scancel", job_id])
+        _write_marker(attempt_dir, KILL_MARKER)
+        return
+    # Without --batch or --full the batch script is not signalled: it would exit at once and
+    # Slurm would end the steps with it, leaving the training no time to save.
+    run_slurm(profile, ["scancel", "--signal=TERM", job_id])
+    _write_marker(attempt_dir, TERM_MARKER)
+
+
+def _write_marker(attempt_dir: Path, name: str) -> None:
+    draft = attempt_dir / f".{name}.tmp"
+    draft.write_text(f"{time.time():.3f}\n")
+    draft.replace(attempt_dir / name)
+
+
+def _marker_time(attempt_dir: Path, name: str) -> float | None:
+    try:
+        return float((attempt_dir / name).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def encode_ref(job_id: str, attempt_dir: Path) -> str:

@@ -94,17 +94,28 @@ def render_node_script(request: LaunchRequest) -> str:
     return f"""#!/bin/bash
 # Rendered by zeropilot for attempt {request.name}: this node's DeepSpeed launcher (ssh-less).
 {exports}cd -- {workdir} || {{ echo "zeropilot: no working_dir on $(hostname)" >&2; exit 127; }}
-# Slurm sends its time-limit warning to this task's own process only, not to the training
-# processes below it: the launcher gets a process group of its own and the signal (and TERM,
-# for sites whose process tracking would miss that group) is passed on to all of it. Launchers
-# ignore {TIME_LIMIT_SIGNAL} (by default it would end them); a training process that installs a
-# handler for it still gets it.
+# Slurm sends its time-limit warning and a stop's SIGTERM (scancel --signal) to this task's own
+# process only, not to the training processes below it: the launcher gets a process group of
+# its own and the signals are passed on. Launchers ignore {TIME_LIMIT_SIGNAL} (by default it would
+# end them); a training process that installs a handler for it still gets it.
 set -m
 (trap '' {TIME_LIMIT_SIGNAL}; exec {_launcher_command(request)}) &
 launcher=$!
 set +m
 trap 'kill -{TIME_LIMIT_SIGNAL} -- -"$launcher" 2>/dev/null' {TIME_LIMIT_SIGNAL}
-trap 'kill -TERM -- -"$launcher" 2>/dev/null' TERM
+# TERM goes to the training processes, not their launchers (the group's leader and its
+# children): DeepSpeed's launcher, signalled itself, kills its ranks 30 s later and exits 1.
+stop_training() {{
+    local ranks
+    ranks=$(ps -e -o pid=,ppid=,pgid= \
+        | awk -v g="$launcher" '$3 == g && $1 != g && $2 != g {{print $1}}')
+    if [[ -n $ranks ]]; then
+        kill -TERM $ranks 2>/dev/null
+    else  # the ranks have not started yet: the launchers stop
+        kill -TERM -- -"$launcher" 2>/dev/null
+    fi
+}}
+trap stop_training TERM
 while :; do
     wait "$launcher"
     rc=$?
