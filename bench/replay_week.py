@@ -114,7 +114,10 @@ SCHEMES = (
 
 
 def replay(jobs: list[Job], scheme: Scheme, days: int) -> dict[str, float]:
-    limits = Limits(team_quota=dict(QUOTAS), borrowing=scheme.borrowing)
+    kueue_like = scheme.preemption is not None and scheme.preemption.allow_preempting_back
+    limits = Limits(
+        team_quota=dict(QUOTAS), borrowing=scheme.borrowing, victims_after_preemptors=not kueue_like
+    )
     capacity = sum(QUOTAS.values())
     arrivals = list(jobs)
     waiting: list[Job] = []

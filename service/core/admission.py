@@ -62,6 +62,9 @@ class Limits:
     cluster_cap: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
     borrowing: bool = False  # may a team run past its quota on GPUs no one else uses now
     team_borrow_limit: dict[str, int | None] = field(default_factory=dict)  # absent: no limit
+    # A requeued victim goes after the job it was stopped for (False: the Kueue-like baseline
+    # of bench/replay_week.py, where it may take its GPUs back first)
+    victims_after_preemptors: bool = True
 
     def capacity(self, cluster: str) -> int | None:
         """The GPUs borrowers may fill: the cluster's cap, else the quotas of the teams that
@@ -103,10 +106,40 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
     # GPUs held in the nominal pool (where no cluster cap is set): by teams with a quota
     in_use = sum(gpus for team, gpus in held.by_team.items() if limits.in_pool(team))
+    still_waiting = {job.job_id for job in waiting}
+    # Victims whose preemptor still waits go after everyone else: by their older submit time
+    # they would take back the GPUs they gave up, and be stopped again (a preemption loop).
+    deferred: list[Waiting] = []
 
     def order(job: Waiting) -> tuple[int, float, datetime, str]:
         share = max(limits.team_share.get(job.team, 1), 1)
         return (-job.priority, by_team.get(job.team, 0) / share, job.submitted_at, job.job_id)
+
+    def consider(job: Waiting) -> None:
+        nonlocal in_use
+        if job.cluster in blocked:
+            reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
+            return
+        if why := _over_quota(job, by_team, limits):
+            if limits.borrowing:
+                why = _cannot_borrow(job, by_team, by_cluster, in_use, limits)
+            if why:
+                reasons[job.job_id] = why
+                return
+            borrowing.add(job.job_id)
+        elif why := _pool_lent(job, in_use, limits):
+            reasons[job.job_id] = why  # preemption reclaims what is lent
+            return
+        if why := _over_cap(job, by_cluster, limits):
+            reasons[job.job_id] = why
+            blocked.add(job.cluster)
+            borrowing.discard(job.job_id)
+            return
+        admitted.append(job.job_id)
+        still_waiting.discard(job.job_id)
+        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
+        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
+        in_use += job.gpus if limits.in_pool(job.team) else 0
 
     while queues:
         # Within a team the order needs no fair share: the next job is the best team's head.
@@ -114,28 +147,12 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
         job = queues[team].popleft()
         if not queues[team]:
             del queues[team]
-        if job.cluster in blocked:
-            reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
-            continue
-        if why := _over_quota(job, by_team, limits):
-            if limits.borrowing:
-                why = _cannot_borrow(job, by_team, by_cluster, in_use, limits)
-            if why:
-                reasons[job.job_id] = why
-                continue
-            borrowing.add(job.job_id)
-        elif why := _pool_lent(job, in_use, limits):
-            reasons[job.job_id] = why  # preemption reclaims what is lent
-            continue
-        if why := _over_cap(job, by_cluster, limits):
-            reasons[job.job_id] = why
-            blocked.add(job.cluster)
-            borrowing.discard(job.job_id)
-            continue
-        admitted.append(job.job_id)
-        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
-        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
-        in_use += job.gpus if limits.in_pool(job.team) else 0
+        if limits.victims_after_preemptors and job.preempted_by & still_waiting:
+            deferred.append(job)
+        else:
+            consider(job)
+    for job in deferred:  # their preemptors have been considered: what is left is theirs
+        consider(job)
     return Decision(admitted, reasons, frozenset(borrowing))
 
 

@@ -307,7 +307,8 @@ def test_each_pod_runs_the_ssh_less_launcher_with_its_own_rank_and_pod_0_as_mast
             pod["metadata"]["labels"][k] == v for k, v in service["spec"]["selector"].items()
         )
         argv, env = kubelet_view(pod)  # with the variables the real Job controller added
-        assert argv == [
+        assert argv[:2] == ["python3", "-c"] and argv[3] == ""  # the stop-passing wrapper
+        assert argv[4:] == [
             "python3", "-m", "deepspeed.launcher.runner", "--no_ssh",
             "--hostfile", "/etc/zeropilot/hostfile",
             "--node_rank", str(index),

@@ -171,3 +171,17 @@ def test_a_backed_off_job_starts_within_its_quota_but_borrows_and_stops_no_one()
     assert choose_victims(backed_off, jobs, held_by(jobs), QUOTAS, NOW) is None
     free = choose_victims(waiting("b3", "b", 4, **urgent), jobs, held_by(jobs), QUOTAS, NOW)
     assert free is not None and free.victims == ("c1",)  # the same job, its back-off over
+
+
+def test_a_requeued_victim_goes_after_the_job_it_was_stopped_for() -> None:
+    # Equal priority and usage: by submit time alone the victim would take its GPUs back first
+    victim = waiting("b1", "b", 2, preempted_by=frozenset({"a1"}))
+    preemptor = Waiting("a1", "a", "c", 2, 50, NOW)  # submitted after the victim
+    capped = Limits(team_quota={"a": 4, "b": 4}, cluster_cap={"c": 2})
+
+    first = admit([victim, preemptor], Held(), capped)
+    assert first.admitted == ["a1"]  # the cap's 2 GPUs go to the preemptor
+    assert first.waiting["b1"] == "cluster c has 2 of its 2 GPUs admitted; this job needs 2"
+    room = Limits(team_quota={"a": 4, "b": 4}, cluster_cap={"c": 4})
+    both = admit([victim, preemptor], Held(), room)
+    assert both.admitted == ["a1", "b1"]  # room for both: the victim goes on as well
