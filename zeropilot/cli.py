@@ -51,6 +51,9 @@ class UserRole(StrEnum):  # service.core.roles.Role, spelled here to keep the cl
 
 
 HEARTBEAT_S = 20.0
+# --wait looks every 0.25 s for its first two minutes (a short job's end is seen at once), then
+# every second (two requests a look: a days-long wait should not weigh on the API).
+FOLLOW_FAST_S, FOLLOW_FAST_FOR_S, FOLLOW_S = 0.25, 120.0, 1.0
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -126,10 +129,10 @@ def _print_plan(plan: dict[str, Any], reason: str) -> None:
         console.print(f"      {reason}", highlight=False)
 
 
-def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> dict[str, Any]:
+def _follow(client: Client, job_id: str, quiet: bool) -> dict[str, Any]:
     """Print status changes and each new step until the job ends; return the final job."""
     seen_events, last_metric, last_heartbeat, last_wait = 0, 0, "", ""
-    quiet_since = time.monotonic()
+    quiet_since = started = time.monotonic()
     while True:
         job: dict[str, Any] = call_api(client.get_job, job_id)
         events = [e for e in job["events"][seen_events:] if e["subject"] == "job"]
@@ -147,7 +150,7 @@ def _follow(client: Client, job_id: str, quiet: bool, interval: float = 1.0) -> 
         if not quiet and time.monotonic() - quiet_since > HEARTBEAT_S:
             last_heartbeat = _print_heartbeat(client, job, last_heartbeat)
             quiet_since = time.monotonic()
-        time.sleep(interval)
+        time.sleep(FOLLOW_FAST_S if time.monotonic() - started < FOLLOW_FAST_FOR_S else FOLLOW_S)
 
 
 def _print_in_order(events: list[dict[str, Any]], points: list[dict[str, Any]]) -> None:
