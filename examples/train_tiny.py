@@ -223,6 +223,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(1234 + rank)
     micro = engine.train_micro_batch_size_per_gpu()
     accumulation = engine.gradient_accumulation_steps()
+    for _ in range(start_step * accumulation):  # a resumed run goes on with the data it had next
+        make_batch(micro, args.seq_len, args.vocab, generator)
     with reporter.oom_guard():
         for step in range(start_step + 1, args.steps + 1):
             began = time.perf_counter()

@@ -20,6 +20,7 @@ from service.db.migrate import upgrade
 from tests.e2e.stack import Api, Stack
 from tests.e2e.test_cli import zeropilot
 from tests.integration.helpers import three_users, tiny_spec
+from tests.integration.test_resume import SAME_LOSS_RTOL
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +82,10 @@ def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     assert second["resumed_from"] == saved["path"]
     steps = [m["step"] for m in resumed["metrics"] if m["attempt_id"] == second["id"]]
     assert min(steps) == saved["step"] + 1 and max(steps) == 60  # on from the saved step
+    # The same spec run without a stop: the resumed losses go on as if none had happened
+    unstopped = {m["step"]: m["loss"] for m in bob.job(owned["id"])["metrics"]}
+    for point in (m for m in resumed["metrics"] if m["attempt_id"] == second["id"]):
+        assert point["loss"] == pytest.approx(unstopped[point["step"]], rel=SAME_LOSS_RTOL)
     reasons = [e["reason"] for e in resumed["events"]]
     assert any(
         r.startswith(f"preempted by job {reclaim['id']} (priority 50, team vision): team vision"
@@ -91,7 +96,6 @@ def test_the_owner_reclaims_lent_gpus_and_the_borrower_resumes_where_it_stopped(
     assert f"stopping job {borrower['id']} to free its GPUs for this one" in waited
     assert bob.job(owned["id"])["attempts"][0]["status"] == "SUCCEEDED"  # never a victim
     shown = zeropilot(sharing, tokens["bob"], "status", borrower["id"])
-    print(shown.stdout)
     assert f"sharing: preempted 1x (by job {reclaim['id']})" in shown.stdout, shown.stderr
     assert "attempt 1: PREEMPTED" in shown.stdout
     listing = json.loads(zeropilot(sharing, tokens["bob"], "list", "--json").stdout)["data"]

@@ -286,3 +286,10 @@ def test_missing_slurm_client_is_a_permanent_error(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(PermanentError, match="sbatch not found"):
         run_slurm(profile(), ["sbatch", "job.sbatch"])
+
+
+def test_a_slurm_conf_that_is_not_there_is_named_at_once(tmp_path: Path) -> None:
+    missing = ClusterProfile(name="hpc", kind=BackendKind.SLURM, slurm_conf=str(tmp_path / "no"))
+    # refused before squeue runs: Slurm's clients themselves retry a missing file for 60 s
+    with pytest.raises(PermanentError, match=r"cluster hpc's slurm_conf .*/no is not a file here"):
+        run_slurm(missing, ["squeue", "--me"])

@@ -40,6 +40,10 @@ class UnknownJobError(PermanentError):
 
 def run_slurm(profile: ClusterProfile, argv: Sequence[str], cwd: Path | None = None) -> str:
     """Run one Slurm client command and return its stdout, or raise a backend error."""
+    if profile.slurm_conf and not Path(profile.slurm_conf).is_file():  # else it retries 60 s
+        raise PermanentError(
+            f"cluster {profile.name}'s slurm_conf {profile.slurm_conf} is not a file here"
+        )
     count_call("slurm")
     try:
         done = subprocess.run(
