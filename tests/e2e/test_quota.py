@@ -29,8 +29,8 @@ def test_a_job_over_the_quota_starts_when_the_first_finishes(
     quota = zeropilot(stack, admin, "teams", "set", "vision", "--gpu-quota", "2")
     assert quota.returncode == 0, quota.stderr
     assert (
-        "team vision: quota 2 GPUs, share 1, checkpoint roots none; holds 0 GPUs, 0 job(s) waiting"
-        in quota.stdout
+        "team vision: quota 2 GPUs, borrow limit none, share 1, checkpoint roots none; holds 0"
+        " GPUs (borrowed 0, lent 0), 0 job(s) waiting" in quota.stdout
     )
     stack.start_worker("w1")
 
