@@ -23,7 +23,6 @@ from sqlmodel import Session, col
 from service.checkpoint_paths import checkpoint_dir, job_fence
 from service.core.clusters import ClusterProfile
 from service.core.failures import FailureClass
-from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import stop_grace
@@ -224,10 +223,10 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
         ):
             return
         why_not = replace_after_failed_launch(session, settings, job, attempt, message)
-        if not why_not:
+        if why_not is None:
             log.info("job %s re-placed on %s after its launch failed", job.id, job.cluster)
             return
-        if JobSpec.model_validate(job.spec).resources.cluster == AUTO:
+        if why_not:
             message = f"{message}; {why_not}"
         move_job(
             session,

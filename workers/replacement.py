@@ -13,11 +13,10 @@ from sqlmodel import Session
 
 from service.core.advice_memo import advise_once
 from service.core.advisor import Candidate
-from service.core.clusters import ClusterProfile
 from service.core.placement import AUTO, choose, movable, plan_everywhere, summary
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
-from service.db.admission import WAITING_PREFIX, would_wait
+from service.db.admission import WAITING_PREFIX, wait_reasons
 from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Job, Team, User
 from service.db.transitions import move_job
@@ -32,11 +31,12 @@ LAUNCH_CLUSTER = "launch_cluster"  # failure_evidence: where a launch failed, fo
 
 def replace_after_failed_launch(
     session: Session, settings: Settings, job: Job, attempt: Attempt, error: str
-) -> str:
-    """Move the job to another cluster; "" when it moved, else why it could not (it fails)."""
+) -> str | None:
+    """Move the job to another cluster: None when it moved, else why it could not, for the
+    failure's message ("" for a job that names its cluster: nothing to add)."""
     spec = JobSpec.model_validate(job.spec)
     if spec.resources.cluster != AUTO:
-        return "the job names its cluster"
+        return ""
     profiles = settings.cluster_profiles()
     failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
     failed.add(job.cluster)
@@ -47,15 +47,9 @@ def replace_after_failed_launch(
     user, team = session.get(User, job.user_id), session.get(Team, job.team_id)
     if user is None or team is None:
         return "its user or team is gone"
-    caller = Caller.of(user, team)
-    borrowing = settings.scheduling.borrowing
-
-    def waits(profile: ClusterProfile) -> str:
-        why = would_wait(
-            session, caller, profile.name, job.gpus, job.priority, profile.max_gpus, borrowing
-        )
-        return why or ""
-
+    waits = wait_reasons(
+        session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing
+    )
     options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
     chosen = choose(options)
     if chosen is None or chosen.advice is None:
@@ -87,4 +81,4 @@ def replace_after_failed_launch(
         return "the job moved on meanwhile"
     job.cluster = chosen.cluster  # PENDING holds no GPUs: the new cluster's count is untouched
     session.add(job)
-    return ""
+    return None

@@ -62,7 +62,7 @@ def active_attempts(settings: Settings) -> list[Watched]:
 def unchanged(watched: Watched, status: BackendStatus) -> bool:
     """Whether applying ``status`` would write nothing: still waiting for the same reason, or
     still running. A cancelled or preempted job's stop is sent again every pass."""
-    if watched.job_status == JobStatus.CANCELLED or watched.stopping_for:
+    if _being_stopped(watched):
         return False
     if status.state == BackendState.PENDING:
         return (watched.native_state, watched.failure_message) == (
@@ -81,7 +81,7 @@ def pending_note(watched: Watched, status: BackendStatus) -> dict[str, str] | No
     """The attempt's new pending reason, when that is all applying ``status`` would write (a
     LAUNCHING attempt still waiting, of a job neither cancelled nor stopping): the pass writes
     those together, in one statement, rather than one session each."""
-    if watched.job_status == JobStatus.CANCELLED or watched.stopping_for:
+    if _being_stopped(watched):
         return None
     if status.state != BackendState.PENDING or watched.attempt_status != AttemptStatus.LAUNCHING:
         return None
@@ -90,6 +90,11 @@ def pending_note(watched: Watched, status: BackendStatus) -> dict[str, str] | No
         "native_state": status.native_state,
         "failure_message": status.reason,
     }
+
+
+def _being_stopped(watched: Watched) -> bool:
+    """Cancelled, or stopping for a preemptor: each pass sends the stop again."""
+    return watched.job_status == JobStatus.CANCELLED or bool(watched.stopping_for)
 
 
 def write_pending_notes(settings: Settings, notes: list[dict[str, str]]) -> None:

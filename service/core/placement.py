@@ -107,10 +107,10 @@ def start_in_s(need: int, free: int, ends: Sequence[tuple[int, float | None]]) -
 
 
 def _duration_s(spec: JobSpec, advice: Advice) -> float | None:
-    pace = advice.plan.tokens_per_second
-    if spec.training.steps is None or not pace:
+    step_s = spec.training.step_seconds(advice.plan.tokens_per_second)
+    if spec.training.steps is None or step_s is None:
         return None
-    return spec.training.steps * spec.training.tokens_per_step / pace
+    return spec.training.steps * step_s
 
 
 def choose(options: Sequence[Option]) -> Option | None:

@@ -161,9 +161,11 @@ class TrainingSpec(Strict):
     # would end there, and a running job's expected end tells others when its GPUs free up.
     steps: PositiveInt | None = None
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.sequence_length
+    def step_seconds(self, tokens_per_second: float | None) -> float | None:
+        """One optimizer step's time at a pace of the whole job (None without one)."""
+        if not tokens_per_second:
+            return None
+        return self.global_batch_size * self.sequence_length / tokens_per_second
 
 
 class ResourcesSpec(Strict):

@@ -13,8 +13,7 @@ last free GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Row, exists, func, update
@@ -27,7 +26,7 @@ from service.core.preemption import borrow_backoff
 from service.core.states import JobStatus
 from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
-from service.db.models import AdmissionTurn, HeldGpus, Job, Team, utcnow
+from service.db.models import AdmissionTurn, HeldGpus, Job, Team, as_utc, utcnow
 from service.db.transitions import move_job
 from service.db.users import Caller
 
@@ -86,7 +85,7 @@ def would_wait(
     team = caller.team_name
     if caller.gpu_quota is None and cap is None:
         return None
-    held, team_waits, cluster_waits = _submit_view(session, caller, cluster)
+    held, team_waits, cluster_waits = submit_view(session, caller, cluster)
     limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
     new = Waiting("new", team, cluster, gpus, priority, utcnow())
     if why := admit([new], held, limits).waiting.get("new"):
@@ -99,6 +98,18 @@ def would_wait(
     if borrowing and cap is None and caller.gpu_quota is not None:
         return _pool_full(session, gpus)
     return None
+
+
+def wait_reasons(
+    session: Session, caller: Caller, gpus: int, priority: int, borrowing: bool
+) -> Callable[[ClusterProfile], str]:
+    """``would_wait`` per cluster, as placement asks it ("": it would start now)."""
+
+    def waits(profile: ClusterProfile) -> str:
+        why = would_wait(session, caller, profile.name, gpus, priority, profile.max_gpus, borrowing)
+        return why or ""
+
+    return waits
 
 
 def _pool_full(session: Session, gpus: int) -> str | None:
@@ -121,7 +132,7 @@ def _pool_full(session: Session, gpus: int) -> str | None:
     )
 
 
-def _submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, bool, bool]:
+def submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, bool, bool]:
     """GPUs held by the team and on the cluster, and whether jobs wait in either."""
     held = select(func.coalesce(func.sum(HeldGpus.gpus), 0))
     by_team = held.where(col(HeldGpus.team_id) == caller.team_id).scalar_subquery()
@@ -152,16 +163,11 @@ def waiting_jobs(session: Session, team_id: int | None = None) -> Sequence[Row[A
 
 def as_waiting(job: Row[Any], team_names: dict[int, str], backoff_s: float = 0.0) -> Waiting:
     preempted_by = frozenset(job.preempted_by or ())
-    requeued_at = _aware(job.requeued_at)
+    requeued_at = as_utc(job.requeued_at) if job.requeued_at else None
     return Waiting(
         job.id, team_names[job.team_id], job.cluster, job.gpus, job.priority, job.created_at,
         preempted_by, borrow_backoff(len(preempted_by), requeued_at, utcnow(), backoff_s),
     )  # fmt: skip
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    """SQLite gives back naive datetimes (stored as UTC)."""
-    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
 
 
 def admit_pending(

@@ -125,7 +125,7 @@ def store_job(
         cluster=cluster or spec.resources.cluster,
         gpus=spec.resources.world_size,
         steps=spec.training.steps,
-        step_s=_step_s(spec, plan),
+        step_s=spec.training.step_seconds(plan.get("tokens_per_second")),
         spec=stored_spec,
         plan=plan,
         advice_reason=advice_reason,
@@ -364,9 +364,3 @@ def save_durations(session: Session, job_id: str) -> list[float]:
         Checkpoint.job_id == job_id, col(Checkpoint.save_seconds).is_not(None)
     )
     return [float(s) for s in session.exec(query).all() if s is not None]
-
-
-def _step_s(spec: JobSpec, plan: dict[str, Any]) -> float | None:
-    """The plan's predicted time per optimizer step (the advisor's pace for the whole job)."""
-    pace = plan.get("tokens_per_second")
-    return spec.training.tokens_per_step / pace if pace else None

@@ -21,6 +21,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """A stored time, aware: SQLite gives back naive datetimes (stored as UTC)."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 def new_id() -> str:
     return secrets.token_hex(8)
 

@@ -14,7 +14,8 @@ from sqlmodel import Session, col
 from service.core.admission import HOLDING
 from service.core.placement import start_in_s
 from service.core.states import JobStatus
-from service.db.models import HeldGpus, Job, MetricPoint
+from service.db.admission import submit_view
+from service.db.models import Job, MetricPoint
 from service.db.users import Caller
 
 
@@ -23,25 +24,21 @@ def expected_start_s(
 ) -> float | None:
     """Seconds until a job of ``gpus`` GPUs of the caller's team would start on ``cluster``:
     the later of the two limits' answers; None when a limit needs a job whose end is unknown."""
+    held, _team_waits, _cluster_waits = submit_view(session, caller, cluster)
     starts = []
     if caller.gpu_quota is not None:
         team = col(Job.team_id) == caller.team_id
-        free = caller.gpu_quota - _held(session, col(HeldGpus.team_id) == caller.team_id)
+        free = caller.gpu_quota - held.by_team[caller.team_name]
         need = gpus + _waiting_gpus(session, team)
         starts.append(start_in_s(need, free, _ends(session, team)))
     if cap is not None:
         on_cluster = col(Job.cluster) == cluster
-        free = cap - _held(session, col(HeldGpus.cluster) == cluster)
+        free = cap - held.by_cluster[cluster]
         need = gpus + _waiting_gpus(session, on_cluster)
         starts.append(start_in_s(need, free, _ends(session, on_cluster)))
     if any(start is None for start in starts):
         return None
     return max((s for s in starts if s is not None), default=0.0)
-
-
-def _held(session: Session, where: Any) -> int:
-    query = sql_select(func.coalesce(func.sum(HeldGpus.gpus), 0)).where(where)
-    return int(session.execute(query).scalar_one())
 
 
 def _waiting_gpus(session: Session, where: Any) -> int:

@@ -11,7 +11,7 @@ checkpoint it saved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func
@@ -22,7 +22,7 @@ from service.core.admission import Waiting
 from service.core.preemption import Policy, Preemption, Running, choose_victims
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX, as_waiting, held, limits_of, waiting_jobs
-from service.db.models import Attempt, Checkpoint, Job, JobEvent, Team
+from service.db.models import Attempt, Checkpoint, Job, JobEvent, Team, as_utc
 
 STOPPING = (JobStatus.LAUNCHING, JobStatus.RUNNING)
 LINE = 5  # waiting jobs looked at per pass, first in line first
@@ -81,8 +81,8 @@ def running_jobs(session: Session, names: dict[int, str]) -> list[Running]:
     )
     return [
         Running(
-            job_id, names[team_id], cluster, gpus, priority, borrowing, _utc(started),
-            _utc(saved_at) if saved_at else None, step,
+            job_id, names[team_id], cluster, gpus, priority, borrowing, as_utc(started),
+            as_utc(saved_at) if saved_at else None, step,
         )
         for job_id, team_id, cluster, gpus, priority, borrowing, started, saved_at, step
         in session.execute(query).all()
@@ -128,7 +128,3 @@ def _decision(job: Job, reason: str) -> JobEvent:
         to_status=job.status,
         reason=reason,
     )
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite gives naive UTC

@@ -40,7 +40,7 @@ from service.core.placement import AUTO, Option, choose, plan_everywhere, summar
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, would_wait
+from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, wait_reasons
 from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
 from service.db.placement import expected_start_s
@@ -133,13 +133,7 @@ def _place(
     }
     gpus = spec.resources.world_size
     borrowing = settings.scheduling.borrowing
-
-    def waits(profile: ClusterProfile) -> str:
-        why = would_wait(
-            session, caller, profile.name, gpus, spec.priority, profile.max_gpus, borrowing
-        )
-        return why or ""
-
+    waits = wait_reasons(session, caller, gpus, spec.priority, borrowing)
     refused = {
         name: Option(name, ruled_out=why)
         for name, profile in profiles.items()

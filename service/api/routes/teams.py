@@ -9,7 +9,6 @@ from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from service.api.errors import body_field_error, error_responses
 from service.api.schemas import TeamPublic, TeamUpdate
 from service.checkpoint_paths import roots_conflict
-from service.core.admission import Held
 from service.core.sharing import TeamSharing, sharing
 from service.core.states import JobStatus
 from service.db.admission import admit_pending, held
@@ -27,8 +26,7 @@ def list_teams(user: CurrentUser, session: SessionDep) -> list[TeamPublic]:
     if not user.is_admin:
         query = query.where(Team.id == user.team_id)
     teams = session.exec(query).all()
-    usage, waiting = _usage(session), _waiting_counts(session)
-    shown = _sharing(session, usage)
+    shown, waiting = _sharing(session), _waiting_counts(session)
     return [_public(team, shown, waiting) for team in teams]
 
 
@@ -54,7 +52,7 @@ def update_team(
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
-    return _public(team, _sharing(session, _usage(session)), _waiting_counts(session))
+    return _public(team, _sharing(session), _waiting_counts(session))
 
 
 def _check_roots(session: Session, settings: Settings, team: Team, roots: list[str]) -> None:
@@ -63,16 +61,12 @@ def _check_roots(session: Session, settings: Settings, team: Team, roots: list[s
         raise body_field_error("checkpoint_roots", why, roots)
 
 
-def _usage(session: Session) -> Held:
-    """GPUs held per team, read once for every team shown."""
-    names = {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
-    return held(session, names)
-
-
-def _sharing(session: Session, usage: Held) -> dict[str, TeamSharing]:
-    """Nominal, held, borrowed and lent GPUs of every team (lending needs all of them)."""
-    quotas = dict(session.exec(select(Team.name, Team.gpu_quota)).all())
-    return sharing(usage.by_team, quotas)
+def _sharing(session: Session) -> dict[str, TeamSharing]:
+    """Nominal, held, borrowed and lent GPUs of every team, read once for every team shown
+    (lending needs all of them)."""
+    teams = session.exec(select(Team.id, Team.name, Team.gpu_quota)).all()
+    usage = held(session, {team_id: name for team_id, name, _quota in teams if team_id})
+    return sharing(usage.by_team, {name: quota for _id, name, quota in teams})
 
 
 def _waiting_counts(session: Session) -> dict[int, int]:
