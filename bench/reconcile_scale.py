@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -41,7 +42,7 @@ from service.db.models import Attempt, Job, User, new_id
 from service.db.session import get_engine
 from service.db.users import create_user
 from service.settings import AuthSettings, DatabaseSettings, Settings
-from workers.backends import kubernetes
+from workers.backends import kubernetes, kubernetes_watch
 from workers.backends.base import LaunchRequest
 from workers.backends.calls import calls_sent
 from workers.backends.kubernetes_render import render_job
@@ -182,17 +183,55 @@ def kubernetes_rows(sizes: list[int], alone_up_to: int, folder: Path) -> Iterato
             })  # fmt: skip
             refs = create_jobs(plane.api, profile, folder, size)
 
-            def delete(count: int, api: Any = plane.api, refs: list[str] = refs) -> None:
-                for ref in refs[:count]:  # gone from the cluster: LOST, "deleted outside"
+            gone = iter(refs)
+
+            def delete(count: int, api: Any = plane.api, gone: Iterator[str] = gone) -> None:
+                for ref in itertools.islice(gone, count):  # gone: LOST, "deleted outside"
                     namespace, name = kubernetes.decode_ref(ref)
                     api.delete(f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}")
 
             with fresh_database() as url:
                 store_attempts(url, refs, "kubernetes")
-                settings = settings_for(url, folder, profile)
-                yield compare("kubernetes", settings, size, alone_up_to, delete)
+                listing = profile.model_copy(update={"watch": False})
+                row = compare("kubernetes", settings_for(url, folder, listing), size,
+                              alone_up_to, delete)  # fmt: skip
+                watching = settings_for(url, folder, profile)
+                yield row | watched(watching, size - ENDED, delete)
+            kubernetes_watch.stop_all()
     finally:
         plane.stop()
+
+
+def watched(settings: Settings, active: int, end: Callable[[int], None]) -> dict[str, Any]:
+    """The same passes reading the worker's watched copies (``kubernetes_watch``): the first
+    starts them with a LIST each; a steady one; then the one after ``ENDED`` Jobs are deleted,
+    once the copies have seen it (how long that took is ``seen_s``)."""
+    rss_before = rss_mib()
+    first_s = measured("kubernetes", lambda: reconcile(settings))[1]
+    copies_mib = rss_mib() - rss_before
+    calls, steady_s = measured("kubernetes", lambda: reconcile(settings))
+    end(ENDED)
+    deleted = time.perf_counter()
+    while sum(len(m.items() or ()) for m in kubernetes_watch.mirrors() if "Jobs" in m.feed.what) > (
+        active - ENDED
+    ):
+        time.sleep(0.001)
+    seen_s = time.perf_counter() - deleted
+    ended_s = measured("kubernetes", lambda: reconcile(settings))[1]
+    return {
+        "watched_first_pass_s": round(first_s, 3), "watched_calls": calls,
+        "watched_s": round(steady_s, 3), "watched_seen_s": round(seen_s, 4),
+        "watched_recorded": active - len(active_attempts(settings)),
+        "watched_ended_pass_s": round(ended_s, 3), "copies_mib": round(copies_mib),
+    }  # fmt: skip
+
+
+def rss_mib() -> float:
+    """This process's resident memory, for what the copies hold."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def create_jobs(api: Any, profile: ClusterProfile, folder: Path, size: int) -> list[str]:

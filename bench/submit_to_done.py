@@ -20,6 +20,7 @@ Prints each pair and the medians: the ratio of the medians, and the median of ea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -94,12 +95,12 @@ def _start(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def _pair(env: dict[str, str], spec: Path, folder: Path, number: int) -> dict[str, float]:
-    started = time.monotonic()
+    started, began_at = time.monotonic(), time.time()
     done = subprocess.run(
         [sys.executable, "-m", "zeropilot.cli", "submit", str(spec), "--wait"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    ours = time.monotonic() - started
+    ours, ended_at = time.monotonic() - started, time.time()
     if done.returncode != 0:
         raise SystemExit(f"zeropilot submit failed:\n{done.stdout}\n{done.stderr}")
     job = _latest_job(env)
@@ -108,15 +109,29 @@ def _pair(env: dict[str, str], spec: Path, folder: Path, number: int) -> dict[st
     succeeded = next(
         e for e in job["events"] if e["subject"] == "job" and e["to_status"] == "SUCCEEDED"
     )
-    recorded = datetime.fromisoformat(succeeded["created_at"])
-    recorded_at = (recorded if recorded.tzinfo else recorded.replace(tzinfo=UTC)).timestamp()
+    recorded_at = _event_time(succeeded)
     hand = _by_hand(
         json.loads((attempt_dir / "launch.json").read_text()), folder / f"hand-{number}"
     )
     row = {"zeropilot_s": ours, "by_hand_s": hand, "end_to_db_s": recorded_at - exited_at}
+    marks = {
+        "cli start": began_at,
+        "job stored": _event_time(job["events"][0]),
+        "supervisor up": float((attempt_dir / "started").read_text()),
+        "ranks' exit": exited_at,
+        "SUCCEEDED": recorded_at,
+        "cli exit": ended_at,
+    }
+    steps = list(marks.items())
+    split = ", ".join(f"{b[0]} +{b[1] - a[1]:.2f}" for a, b in itertools.pairwise(steps))
     print(f"pair {number + 1}: zeropilot {ours:.2f} s, by hand {hand:.2f} s,"
-          f" ranks' exit to SUCCEEDED {row['end_to_db_s']:.2f} s", flush=True)  # fmt: skip
+          f" ranks' exit to SUCCEEDED {row['end_to_db_s']:.2f} s; {split}", flush=True)  # fmt: skip
     return row
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    at = datetime.fromisoformat(event["created_at"])
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def _latest_job(env: dict[str, str]) -> dict[str, Any]:

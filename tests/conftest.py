@@ -20,6 +20,7 @@ from service.settings import (
     Settings,
     WorkerSettings,
 )
+from workers.backends import kubernetes_watch
 from workers.backends.shm import remove_orphaned_buffers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,3 +84,11 @@ def no_deepspeed_buffers_left_behind() -> Iterator[None]:
     worlds the tests killed, or launched without zeropilot's supervisor, leave them in RAM."""
     yield
     remove_orphaned_buffers(min_age_s=0)
+
+
+@pytest.fixture(autouse=True)
+def no_kubernetes_watches_left_behind() -> Iterator[None]:
+    """A pass in the test process starts watched copies of a namespace (kubernetes_watch):
+    they go with the test, not on against a namespace or control plane that is gone."""
+    yield
+    kubernetes_watch.stop_all()

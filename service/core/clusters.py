@@ -64,6 +64,9 @@ class ClusterProfile(BaseModel):
     # Kubernetes
     namespace: str | None = None
     queue: str | None = None  # Kueue LocalQueue name
+    # A worker keeps a watched copy of zeropilot's Jobs and Pods (one LIST, then a WATCH) that
+    # its passes read; False: every pass LISTs them (an API server that refuses long watches).
+    watch: bool = True
     # Without a queue: a Job whose placed pods hold GPUs while another pod cannot be placed for
     # this long is suspended (its GPUs freed) and retried as long after; None: never.
     gang_timeout_s: int | None = Field(default=600, gt=0)

@@ -1063,8 +1063,9 @@ def test_one_pass_over_attempts_in_mixed_states_matches_polling_each_alone(
     wait_until(lambda: "Unschedulable" in kubernetes.poll(profile, refs["unplaced"]).native_state)
     wait_until(lambda: kubelet.pods(ns, "zp-mixed-cancelled") == [])
 
+    listing = profile.model_copy(update={"watch": False})  # test_kubernetes_watch: the copies
     before = calls_sent("kubernetes")
-    together = kubernetes.poll_many(profile, list(refs.values()))
+    together = kubernetes.poll_many(listing, list(refs.values()))
     calls = calls_sent("kubernetes") - before
     alone = {ref: kubernetes.poll(profile, ref) for ref in refs.values()}
 

@@ -12,8 +12,9 @@ each node's container ended (exit code, OOMKilled), whether a pod was disrupted 
 eviction, node loss), and the failing pod's log tail for the classifier. A pod whose image can
 never be pulled would be retried by the kubelet for ever while holding its node, so ``poll``
 deletes that Job when it reports the launch error. ``poll_many`` reads the same from one LIST
-of Jobs and one of Pods per namespace, by zeropilot's label (watches with a cache that resumes
-from its resourceVersion are a later step). ``cancel`` is the graceful stop: the running pods
+of Jobs and one of Pods per namespace, by zeropilot's label, or (the profile's ``watch``, on by
+default) from the worker's watched copies of them (``kubernetes_watch``), with no request at all
+for the Jobs that go on as they were. ``cancel`` is the graceful stop: the running pods
 deleted with the stop's grace, the Job kept until they have ended (``kubernetes_stop``).
 Responses are read as plain JSON (the field names of the Kubernetes API reference), not as the
 client's models.
@@ -40,6 +41,7 @@ from kubernetes.client.exceptions import ApiException
 
 from service.core.clusters import ClusterProfile
 from service.core.stopping import DEFAULT_GRACE_S
+from workers.backends import kubernetes_watch
 from workers.backends.base import (
     BackendState,
     BackendStatus,
@@ -98,6 +100,9 @@ API_TIMEOUT_S = (5.0, 30.0)  # connect, read
 POLL_TAIL_LINES = 80
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": API_TIMEOUT_S}
+_SUCCEEDED_CONDITIONS = frozenset({"Complete", "SuccessCriteriaMet"})
+_ENDED_CONDITIONS = _SUCCEEDED_CONDITIONS | {"Failed", "FailureTarget"}
+_MANAGED_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
 _TEMPORARY_STATUS = frozenset({409, 429})  # a Conflict other than AlreadyExists: try again
 
 
@@ -184,14 +189,86 @@ def poll_many(profile: ClusterProfile, refs: Sequence[str]) -> dict[str, Backend
             by_namespace[decode_ref(ref)[0]].append((ref, decode_ref(ref)[1]))
     statuses: dict[str, BackendStatus] = {}
     for namespace, wanted in by_namespace.items():
-        jobs = {j["metadata"]["name"]: j for j in _managed(core, batch, namespace, "Jobs")}
+        watched = _watched(profile, batch, core, namespace) if profile.watch else None
+        listed_jobs, listed_pods = watched or (
+            _managed(core, batch, namespace, "Jobs"),
+            _managed(core, batch, namespace, "Pods"),
+        )
+        jobs = {j["metadata"]["name"]: j for j in listed_jobs}
         pods: dict[str, list[Json]] = defaultdict(list)
-        for pod in _managed(core, batch, namespace, "Pods"):
+        for pod in listed_pods:
             pods[(pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")].append(pod)
         for ref, name in wanted:
             with contextlib.suppress(PermanentError, TemporaryError):  # left out: polled alone
-                statuses[ref] = _listed_status(batch, core, profile, ref, jobs.get(name), pods)
+                if watched is not None and _read_directly(jobs.get(name)):
+                    statuses[ref] = poll(profile, ref)
+                else:
+                    statuses[ref] = _listed_status(batch, core, profile, ref, jobs.get(name), pods)
     return statuses
+
+
+def _read_directly(copied: Json | None) -> bool:
+    """A Job the watched copy lacks was created a moment ago or deleted: a GET tells which;
+    one that ended is read with its pods as they are now (its pods' last events may trail)."""
+    return copied is None or bool(true_conditions(copied).keys() & _ENDED_CONDITIONS)
+
+
+def _watched(
+    profile: ClusterProfile, batch: Any, core: Any, namespace: str
+) -> tuple[list[Json], list[Json]] | None:
+    """The namespace's Jobs and Pods from this process's watched copies; None while either
+    watch is not connected."""
+    where = (profile.kubeconfig, profile.kube_context, namespace)
+
+    def feed(kind: str) -> kubernetes_watch.Feed:
+        return kubernetes_watch.Feed(
+            what=f"{kind} in {namespace}",
+            list_all=lambda: _list_managed(core, batch, namespace, kind),
+            open_watch=lambda version: _open_watch(core, batch, namespace, kind, version),
+            kept=_read_of_job if kind == "Jobs" else _read_of_pod,
+        )
+
+    jobs = kubernetes_watch.watched_items((*where, "Jobs"), lambda: feed("Jobs"))
+    pods = kubernetes_watch.watched_items((*where, "Pods"), lambda: feed("Pods"))
+    return None if jobs is None or pods is None else (jobs, pods)
+
+
+def _read_of_job(job: Json) -> Json:
+    """What a pass reads of a Job that has not ended: not its pod template nor field managers
+    (most of its size; a copy of 10,000 whole Jobs held 211 MiB)."""
+    spec = {k: v for k, v in (job.get("spec") or {}).items() if k != "template"}
+    return {**job, "metadata": _without_managers(job), "spec": spec}
+
+
+def _read_of_pod(pod: Json) -> Json:
+    """What a pass reads of a pod: its metadata, its node and its status."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    spec = {"nodeName": node} if node else {}
+    return {**pod, "metadata": _without_managers(pod), "spec": spec}
+
+
+def _without_managers(obj: Json) -> Json:
+    return {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+
+
+def _open_watch(core: Any, batch: Any, namespace: str, kind: str, version: str) -> Any:
+    """A WATCH of zeropilot's Jobs or Pods from ``version``, its events as they come."""
+    lister = batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
+    try:
+        return lister(
+            namespace,
+            label_selector=_MANAGED_SELECTOR,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=kubernetes_watch.WATCH_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=(API_TIMEOUT_S[0], kubernetes_watch.READ_TIMEOUT_S),
+        )
+    except ApiException as exc:
+        if exc.status == 410:
+            raise kubernetes_watch.Gone(str(exc.reason)) from exc
+        raise
 
 
 def _listed_status(
@@ -209,15 +286,18 @@ def _listed_status(
 
 def _managed(core: Any, batch: Any, namespace: str, kind: str) -> list[Json]:
     """Every Job or Pod of zeropilot's in the namespace, in one request."""
-    selector = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
+    return list(_list_managed(core, batch, namespace, kind).get("items") or [])
+
+
+def _list_managed(core: Any, batch: Any, namespace: str, kind: str) -> Json:
+    """The LIST of zeropilot's Jobs or Pods: its items and the version it is current to."""
     lister = batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
-    listed = _json(
+    return _json(
         _call(
             f"list {kind} in {namespace}",
-            lambda: lister(namespace, label_selector=selector, **_RAW),
+            lambda: lister(namespace, label_selector=_MANAGED_SELECTOR, **_RAW),
         )
     )
-    return list(listed.get("items") or [])
 
 
 def _deleted_outside(ref: str) -> BackendStatus:
@@ -255,7 +335,7 @@ def _ended(core: Any, job: Json, every_pod: list[Json]) -> BackendStatus | None:
     conditions = true_conditions(job)
     exit_codes = node_exit_codes(pods)
     namespace = job["metadata"]["namespace"]
-    if conditions.keys() & {"Complete", "SuccessCriteriaMet"}:
+    if conditions.keys() & _SUCCEEDED_CONDITIONS:
         tail = _log_tail(core, namespace, pods.get(0))
         return BackendStatus(
             BackendState.SUCCEEDED, 0, "Complete", log_tail=tail, node_exit_codes=exit_codes
