@@ -51,7 +51,7 @@ def replace_after_failed_launch(
         session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing
     )
     options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
-    chosen = choose(options)
+    chosen = choose(options, spec.resources.placement)
     if chosen is None or chosen.advice is None:
         return "no other cluster can run it (" + "; ".join(
             f"{o.cluster}: {o.ruled_out}" for o in options if o.ruled_out
@@ -72,7 +72,7 @@ def replace_after_failed_launch(
     moved = move_job(
         session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
         f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
-        f" {chosen.cluster}{where}: {summary(options, chosen)}",
+        f" {chosen.cluster}{where}: {summary(options, chosen, spec.resources.placement)}",
         current_attempt=new.number, plan=plan_json,
         message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
         " failed; admission starts it there",
