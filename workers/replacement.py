@@ -18,7 +18,7 @@ from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX, wait_reasons
 from service.db.jobs import add_attempt, attempts_of
-from service.db.models import Attempt, Job, Team, User
+from service.db.models import Attempt, Job, Team, User, utcnow
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
@@ -80,5 +80,6 @@ def replace_after_failed_launch(
     if not moved:
         return "the job moved on meanwhile"
     job.cluster = chosen.cluster  # PENDING holds no GPUs: the new cluster's count is untouched
+    job.placed_at = utcnow()  # a move: the waiting re-placement lets it settle first
     session.add(job)
     return None

@@ -105,3 +105,22 @@ def test_a_waiting_job_moves_once_when_another_cluster_frees_up(
     assert moved["attempts"][0]["plan"] == moved["plan"]  # the attempt runs the new plan
     assert (stayed["cluster"], stayed["status"]) == ("gpu-b", "PENDING")
     assert replacements(stayed) == [reason]  # moved once
+
+
+def test_a_job_placed_by_cost_stays_where_it_waits(twins: Settings, tokens: dict[str, str]) -> None:
+    settled = twins.scheduling.model_copy(update={"replace_settle_s": 0.0})
+    at_once = twins.model_copy(update={"scheduling": settled})
+    with TestClient(create_app(twins)) as client:
+        alice = auth(tokens["alice"])
+        client.post("/v1/jobs", json=job("holder-a", 4, "gpu-a"), headers=alice)
+        holder_b = client.post("/v1/jobs", json=job("holder-b", 8, "gpu-b"), headers=alice).json()
+        by_cost = job("frugal", 0.5)
+        by_cost["resources"]["placement"] = "cost"  # no prices: the time rule placed it
+        waiter = client.post("/v1/jobs", json=by_cost, headers=alice).json()
+        client.post(f"/v1/jobs/{holder_b['id']}/cancel", headers=alice)
+        reconcile(at_once)  # gpu-b is free now: a time-placed job would move and start there
+        after = client.get(f"/v1/jobs/{waiter['id']}", headers=alice).json()
+
+    assert waiter["cluster"] == "gpu-a"
+    assert (after["cluster"], after["status"]) == ("gpu-a", "PENDING")
+    assert replacements(after) == []
