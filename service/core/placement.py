@@ -10,8 +10,8 @@ With ``resources.placement: cost`` the job goes where it is predicted to cost le
 times its predicted hours times the profile's ``usd_per_gpu_hour`` (without a length, the cost
 of one step: the same order, as every cluster runs the same steps on the same GPU count). Costs
 within COST_TIE of the least are a tie, which the time rule above breaks (the earlier end). A
-cluster without a price is never taken for a cheaper one: cost placement picks among the
-unpriced clusters, by time, only when no priced cluster can run the job.
+cluster without a price is never taken over a priced one that can run the job: cost placement
+picks among the unpriced clusters, by time, only when no priced cluster can run it.
 """
 
 from __future__ import annotations
