@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.preemption import DEFAULT_MIN_RUNTIME_S
 from service.core.stopping import DEFAULT_GRACE_S, MAX_GRACE_S
+from service.core.waiting_placement import Hysteresis
 
 
 def _default_data_dir() -> Path:
@@ -92,6 +93,16 @@ class SchedulingSettings(BaseModel):
     preemption: bool = False  # a waiting job may stop running ones (graceful: they save first)
     min_runtime_s: float = Field(default=DEFAULT_MIN_RUNTIME_S, ge=0)  # never a victim before
     preempt_across_teams: bool = False  # priority also stops other teams' jobs within quota
+    # A waiting cluster-auto job moves where it ends clearly earlier (the margins and why:
+    # service.core.waiting_placement); each pass looks at this many, in admission order.
+    replace_min_gain: float = Field(default=0.20, ge=0)
+    replace_min_gain_s: float = Field(default=600.0, ge=0)
+    replace_settle_s: float = Field(default=900.0, ge=0)
+    replace_per_pass: int = Field(default=16, ge=0)  # 0: never re-place a waiting job
+
+    @property
+    def hysteresis(self) -> Hysteresis:
+        return Hysteresis(self.replace_min_gain, self.replace_min_gain_s, self.replace_settle_s)
 
     @property
     def borrow_backoff_s(self) -> float:

@@ -45,6 +45,7 @@ from workers.backends.calls import calls_sent
 from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
 from workers.retention import jobs_with_unchecked_checkpoints, retain
+from workers.waiting_placement import replace_waiting
 from workers.watched import (
     ACTIVE_ATTEMPT,
     PollCounts,
@@ -221,6 +222,10 @@ def _admit(settings: Settings) -> list[str]:
     profiles = settings.cluster_profiles()
     with session_scope(settings.database_url) as session:  # its first statement is the write
         launches = admit_pending(session, profiles, sharing.borrowing, sharing.borrow_backoff_s)
+        if replace_waiting(session, settings):  # moved where GPUs may be free: admit them now
+            launches += admit_pending(
+                session, profiles, sharing.borrowing, sharing.borrow_backoff_s
+            )
         stops: list[Stop] = []
         if sharing.preemption:
             policy = Policy(sharing.min_runtime_s, sharing.preempt_across_teams)

@@ -18,7 +18,7 @@ from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX, wait_reasons
 from service.db.jobs import add_attempt, attempts_of
-from service.db.models import Attempt, Job, Team, User
+from service.db.models import Attempt, Job, Team, User, utcnow
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
@@ -51,7 +51,7 @@ def replace_after_failed_launch(
         session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing
     )
     options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
-    chosen = choose(options)
+    chosen = choose(options, spec.resources.placement)
     if chosen is None or chosen.advice is None:
         return "no other cluster can run it (" + "; ".join(
             f"{o.cluster}: {o.ruled_out}" for o in options if o.ruled_out
@@ -72,7 +72,7 @@ def replace_after_failed_launch(
     moved = move_job(
         session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
         f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
-        f" {chosen.cluster}{where}: {summary(options, chosen)}",
+        f" {chosen.cluster}{where}: {summary(options, chosen, spec.resources.placement)}",
         current_attempt=new.number, plan=plan_json,
         message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
         " failed; admission starts it there",
@@ -80,5 +80,6 @@ def replace_after_failed_launch(
     if not moved:
         return "the job moved on meanwhile"
     job.cluster = chosen.cluster  # PENDING holds no GPUs: the new cluster's count is untouched
+    job.placed_at = utcnow()  # a move: the waiting re-placement lets it settle first
     session.add(job)
     return None

@@ -24,7 +24,17 @@ from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.advisor.workload import budget_bytes
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.messages import plain_message
-from service.core.placement import AUTO, Option, choose, plan_everywhere, span, summary
+from service.core.placement import (
+    AUTO,
+    Option,
+    Placement,
+    choose,
+    cost_words,
+    plan_everywhere,
+    span,
+    summary,
+    why_not,
+)
 from service.core.spec import JobSpec
 from zeropilot.cli_common import console, err, fail, inline_hf_config, print_json, read_mapping
 
@@ -141,32 +151,38 @@ def _advise_placement(spec: JobSpec, as_json: bool) -> None:
     would start now is the server's to say (its queues); here every cluster counts as free."""
     profiles = configured_profiles()
     options = plan_everywhere(spec, list(profiles.values()), advise_job, lambda _p: None)
-    chosen = choose(options)
+    by = spec.resources.placement
+    chosen = choose(options, by)
     if as_json:
-        rows = [_placement_row(o, profiles[o.cluster], o is chosen) for o in options]
+        rows = [_placement_row(o, profiles[o.cluster], chosen, by) for o in options]
         print_json({"chosen": chosen.cluster if chosen else None, "clusters": rows})
     else:
         table = Table(title="Where the job could run (cluster: auto)")
-        keys = ("gpu", "plan", "memory", "pace", "takes", "why_not")
-        for column in ("cluster", "GPU", "plan", "peak / usable GiB", "tok/s", "takes", "why not"):
+        keys = ("gpu", "plan", "memory", "pace", "takes", "cost", "why_not")
+        columns = ("cluster", "GPU", "plan", "peak / usable GiB", "tok/s", "takes", "cost")
+        for column in (*columns, "why not"):
             table.add_column(column, no_wrap=column != "why not")
         for option in options:
-            row = _placement_row(option, profiles[option.cluster], option is chosen)
+            row = _placement_row(option, profiles[option.cluster], chosen, by)
             mark = "\u2192 " if row["chosen"] else ""
             cells = [str(row[k]) for k in keys]
             table.add_row(mark + option.cluster, *cells)
         Console(width=max(console.width, TABLE_WIDTH)).print(table)
         if chosen is not None:
-            console.print(summary(options, chosen), highlight=False)
+            console.print(summary(options, chosen, by), highlight=False)
     if chosen is None:
         raise typer.Exit(1)
 
 
-def _placement_row(option: Option, profile: ClusterProfile, chosen: bool) -> dict[str, Any]:
+def _placement_row(
+    option: Option, profile: ClusterProfile, choice: Option | None, by: Placement
+) -> dict[str, Any]:
     gpu = f"{profile.accelerator} {profile.gpu_memory_gib:g} GiB"
+    chosen = option is choice
     if option.advice is None:
-        return {"cluster": option.cluster, "gpu": gpu, "plan": "-", "memory": "-", "pace": "-",
-                "takes": "-", "why_not": option.ruled_out, "chosen": False}  # fmt: skip
+        empty = dict.fromkeys(("plan", "memory", "pace", "takes", "cost"), "-")
+        return {"cluster": option.cluster, "gpu": gpu, **empty, "why_not": option.ruled_out,
+                "chosen": False}  # fmt: skip
     plan = option.advice.plan
     peak = plan.per_gpu_bytes.total / GIB
     usable = budget_bytes(profile, DEFAULT_HEADROOM) / GIB
@@ -178,7 +194,9 @@ def _placement_row(option: Option, profile: ClusterProfile, chosen: bool) -> dic
         "pace": f"{option.tokens_per_second:,.0f}",
         # training.steps at the predicted pace; "-" without a length
         "takes": span(option.duration_s) if option.duration_s is not None else "-",
-        "why_not": "" if chosen else "ends later" if option.duration_s is not None else "slower",
+        # the whole job's at the profile's $/GPU-hour; a step's without a length; "-" unpriced
+        "cost": cost_words(option) or "-",
+        "why_not": why_not(option, choice, by),
         "chosen": chosen,
     }
 

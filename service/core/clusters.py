@@ -47,6 +47,8 @@ class ClusterProfile(BaseModel):
     pcie_gb_per_s: float | None = Field(default=None, gt=0)  # host link (offload copies)
     # GPUs zeropilot admits onto this cluster at once (teams share them fairly); None: no cap.
     max_gpus: int | None = Field(default=None, gt=0)
+    # What one GPU here costs per hour, in US dollars, for placement: cost; None: not priced.
+    usd_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # The shared storage its nodes mount checkpoints from, by name; None: its own. A job that
     # has checkpoints moves (cluster: auto) only between clusters naming the same storage.
     storage: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None

@@ -5,12 +5,21 @@ same job can be ZeRO-3 with checkpointing on one GPU and ZeRO-2 across eight); a
 where it would start now. The job goes where it starts now, then where its plan is predicted to
 train fastest (tokens per second of the whole job); ties keep the profiles' order. Each cluster
 left out is named with the reason. Pure: the API gathers the admission state and applies it.
+
+With ``resources.placement: cost`` the job goes where it is predicted to cost least: its GPUs
+times its predicted hours times the profile's ``usd_per_gpu_hour`` (without a length, the cost
+of one step: the same order, as every cluster runs the same steps on the same GPU count). Costs
+within COST_TIE of the least are a tie, which the time rule above breaks (the earlier end). A
+cluster without a price is never taken over a priced one that can run the job: cost placement
+picks among the unpriced clusters, by time, only when no priced cluster can run it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import floor, log10
+from typing import Literal
 
 from service.core.advisor.models import Advice, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
@@ -18,6 +27,8 @@ from service.core.spec import JobSpec
 
 AUTO = "auto"  # resources.cluster: let zeropilot choose
 END_TIE = 0.05  # predicted ends this close are a tie (the time model is not closer than that)
+COST_TIE = 0.05  # so are costs: a cost is the same step time times a price
+Placement = Literal["time", "cost"]  # resources.placement
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,8 @@ class Option:
     waits: str | None = ""  # why it would not start at once ("": it would; None: not known)
     start_in_s: float | None = None  # when it would start there (0: now; None: not known)
     duration_s: float | None = None  # the job's steps at the plan's predicted pace
+    step_s: float | None = None  # one optimizer step at that pace
+    usd_per_hour: float | None = None  # the job's GPUs at the profile's price (None: unpriced)
 
     @property
     def end_in_s(self) -> float | None:
@@ -38,6 +51,20 @@ class Option:
         if start is None or self.duration_s is None:
             return None
         return start + self.duration_s
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the whole job would cost there, where its length and the price are known."""
+        if self.usd_per_hour is None or self.duration_s is None:
+            return None
+        return self.usd_per_hour * self.duration_s / 3600
+
+    @property
+    def usd_per_step(self) -> float | None:
+        """What one step would cost there: cost placement's order, with or without a length."""
+        if self.usd_per_hour is None or self.step_s is None:
+            return None
+        return self.usd_per_hour * self.step_s / 3600
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,7 +113,11 @@ def plan_everywhere(
             continue
         why = waits(entry)
         start = start_in(entry) if why else None
-        options.append(Option(entry.name, advice, "", why, start, _duration_s(spec, advice)))
+        step_s = spec.training.step_seconds(advice.plan.tokens_per_second)
+        duration_s = spec.training.steps * step_s if spec.training.steps and step_s else None
+        price = entry.usd_per_gpu_hour
+        usd_per_hour = price * spec.resources.world_size if price is not None else None
+        options.append(Option(entry.name, advice, "", why, start, duration_s, step_s, usd_per_hour))
     return options
 
 
@@ -106,20 +137,22 @@ def start_in_s(need: int, free: int, ends: Sequence[tuple[int, float | None]]) -
     return None
 
 
-def _duration_s(spec: JobSpec, advice: Advice) -> float | None:
-    step_s = spec.training.step_seconds(advice.plan.tokens_per_second)
-    if spec.training.steps is None or step_s is None:
-        return None
-    return spec.training.steps * step_s
-
-
-def choose(options: Sequence[Option]) -> Option | None:
-    """Where the job is predicted to end first (its length known, and its start there); else
-    where it starts now, then where it trains fastest. None when no cluster can run it."""
+def choose(options: Sequence[Option], by: Placement = "time") -> Option | None:
+    """Where the job is predicted to end first, or with ``by="cost"`` cost least (the module
+    says how). None when no cluster can run it."""
     runnable = [o for o in options if o.advice is not None]
     if not runnable:
         return None
+    priced = [(cost, o) for o in runnable if (cost := o.usd_per_step) is not None]
+    if by == "cost" and priced:
+        least = min(cost for cost, _ in priced)
+        return _first_to_end([o for cost, o in priced if cost <= least * (1 + COST_TIE)])
+    return _first_to_end(runnable)
 
+
+def _first_to_end(runnable: Sequence[Option]) -> Option:
+    """Where the job is predicted to end first (its length known, and its start there); else
+    where it starts now, then where it trains fastest."""
     ends = [end for o in runnable if (end := o.end_in_s) is not None]
     if ends:  # a cluster ending within END_TIE of the first is as good: no waiting for a hair
         last = min(ends) * (1 + END_TIE)
@@ -127,9 +160,10 @@ def choose(options: Sequence[Option]) -> Option | None:
     return min(runnable, key=lambda o: (bool(o.waits), -o.tokens_per_second))
 
 
-def summary(options: Sequence[Option], chosen: Option) -> str:
+def summary(options: Sequence[Option], chosen: Option, by: Placement = "time") -> str:
     """The choice and the others in one paragraph, for the job's record."""
-    parts = [f"placed on {chosen.cluster} ({_words(chosen)})"]
+    how = " by cost" if by == "cost" and chosen.usd_per_step is not None else ""
+    parts = [f"placed on {chosen.cluster}{how} ({_words(chosen)})"]
     for option in options:
         if option is not chosen:
             parts.append(f"{option.cluster}: {_words(option)}")
@@ -142,6 +176,8 @@ def _words(option: Option) -> str:
     pace = (
         f"{option.advice.plan.label()}, {option.tokens_per_second / 1000:.1f}k tokens/s predicted"
     )
+    if price := cost_words(option):
+        pace += f", costs {price}"
     if option.waits is None:
         return pace
     start = f"waits: {option.waits}" if option.waits else "starts now"
@@ -150,6 +186,35 @@ def _words(option: Option) -> str:
     if (end := option.end_in_s) is not None:
         start += f", ends in {span(end)}"
     return f"{pace}, {start}"
+
+
+def cost_words(option: Option) -> str:
+    """The job's predicted cost there ("$412.30"), a step's without its length ("$0.0206 a
+    step"), "" where the cluster has no price."""
+    if (cost := option.cost_usd) is not None:
+        return money(cost)
+    if (per_step := option.usd_per_step) is not None:
+        return f"{money(per_step)} a step"
+    return ""
+
+
+def money(usd: float) -> str:
+    """Dollars to the cent, and a small amount to three significant digits ($0.0206)."""
+    if usd == 0 or usd >= 1:
+        return f"${usd:,.2f}"
+    return f"${usd:.{max(2, 2 - floor(log10(usd)))}f}"
+
+
+def why_not(option: Option, chosen: Option | None, by: Placement = "time") -> str:
+    """A word for the table on why a cluster that can run the job was not chosen."""
+    if option is chosen or option.advice is None:
+        return "" if option is chosen else option.ruled_out
+    if by == "cost" and chosen is not None and (least := chosen.usd_per_step) is not None:
+        if (cost := option.usd_per_step) is None:
+            return "not priced"
+        if cost > least * (1 + COST_TIE):
+            return "costs more"
+    return "ends later" if option.duration_s is not None else "slower"
 
 
 def span(seconds: float) -> str:

@@ -177,6 +177,9 @@ class ResourcesSpec(Strict):
     nodes: Annotated[int, Field(gt=0, le=65_536)] = 1
     gpus_per_node: Annotated[int, Field(gt=0, le=1024)] = 1
     time_limit_minutes: PositiveInt | None = None
+    # With cluster auto: where it is predicted to end first (time), or cheapest (cost, from
+    # each profile's usd_per_gpu_hour).
+    placement: Literal["time", "cost"] = "time"
 
     @property
     def world_size(self) -> int:

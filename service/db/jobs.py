@@ -14,6 +14,7 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from service.core.placement import AUTO as AUTO_CLUSTER
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.db.models import (
@@ -25,6 +26,7 @@ from service.db.models import (
     Team,
     User,
     new_id,
+    utcnow,
 )
 from service.db.new_job import write_new_job
 from service.db.rows import Row, new_row
@@ -126,6 +128,7 @@ def store_job(
         gpus=spec.resources.world_size,
         steps=spec.training.steps,
         step_s=spec.training.step_seconds(plan.get("tokens_per_second")),
+        placed_at=utcnow() if spec.resources.cluster == AUTO_CLUSTER else None,
         spec=stored_spec,
         plan=plan,
         advice_reason=advice_reason,

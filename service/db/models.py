@@ -102,6 +102,9 @@ class Job(SQLModel, table=True):
     # free up, which placement reads for the jobs after it without loading spec or plan.
     steps: int | None = None
     step_s: float | None = None
+    # When placement last chose its cluster (cluster: auto only; None: the spec named it): a
+    # waiting job is re-placed only some time after (service.core.waiting_placement).
+    placed_at: datetime | None = None
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     advice_reason: str = ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,36 @@ def test_with_nowhere_else_to_go_a_failed_launch_fails_the_job_and_says_why(
         "no other cluster can run it (gpu-a: a launch of this job failed there)"
         in (failed["message"])
     )
+
+
+@pytest.fixture
+def priced_pair(fast_and_slow: Settings, tmp_path: Path) -> Settings:
+    """The fast and slow clusters with prices: the H100s cost 4x the A100s by the hour."""
+    profiles = yaml.safe_load(fast_and_slow.clusters.profiles_file.read_text())  # type: ignore[union-attr]
+    for profile, price in zip(profiles["clusters"], (4.0, 1.0), strict=True):
+        profile["usd_per_gpu_hour"] = price
+    priced = tmp_path / "priced.yaml"
+    priced.write_text(yaml.safe_dump(profiles))
+    return fast_and_slow.model_copy(update={"clusters": ClusterSettings(profiles_file=priced)})
+
+
+def test_cost_placement_takes_the_cheaper_cluster_where_time_takes_the_faster(
+    priced_pair: Settings, tokens: dict[str, str]
+) -> None:
+    by_cost = sized("cheap", 10_000)
+    by_cost["resources"]["placement"] = "cost"
+    with TestClient(create_app(priced_pair)) as client:
+        alice = auth(tokens["alice"])
+        fastest = client.post("/v1/jobs", json=sized("quick", 10_000), headers=alice).json()
+        cheapest = client.post("/v1/jobs", json=by_cost, headers=alice).json()
+        typo = {**by_cost, "resources": {**by_cost["resources"], "placement": "cheapest"}}
+        refused = client.post("/v1/jobs", json=typo, headers=alice)
+
+    assert fastest["cluster"] == "fast", fastest["advice_reason"]
+    assert cheapest["cluster"] == "slow", cheapest["advice_reason"]
+    assert cheapest["advice_reason"].startswith("placed on slow by cost (ZeRO-")
+    # the chosen cluster first, then the others: "costs $1.72" for each
+    slow_cost, fast_cost = map(float, re.findall(r"costs \$([\d.]+)", cheapest["advice_reason"]))
+    assert slow_cost < fast_cost, cheapest["advice_reason"]  # what the choice rests on
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "resources", "placement"]

@@ -376,3 +376,34 @@ def test_cli_advise_bad_hf_config_exits_2_naming_the_field(
 
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
+
+
+def test_cli_advise_auto_shows_each_clusters_cost_and_places_by_cost(
+    cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = H100.model_copy(update={"usd_per_gpu_hour": 4.0})
+    cheap = H100.model_copy(update={"name": "a100", "accelerator": "nvidia-a100-80gb",
+                                    "usd_per_gpu_hour": 1.0})  # fmt: skip
+    unpriced = H100.model_copy(update={"name": "spare"})
+    path = tmp_path / "clusters.yaml"
+    clusters = [p.model_dump(mode="json") for p in (fast, cheap, unpriced)]
+    path.write_text(yaml.safe_dump({"clusters": clusters}))
+    monkeypatch.setenv("ZEROPILOT_CLUSTERS__PROFILES_FILE", str(path))
+    get_settings.cache_clear()
+    resources = {**LLAMA_PARTS["resources"], "cluster": "auto", "placement": "cost"}
+    training = {**LLAMA_PARTS["training"], "steps": 1000}
+    body = {"name": "llama", "entrypoint": "train.py", **LLAMA_PARTS, "training": training,
+            "resources": resources}  # fmt: skip
+    try:
+        shown = CliRunner().invoke(cli, ["advise", str(write(tmp_path / "a.yaml", body))])
+        answer = CliRunner().invoke(cli, ["advise", str(tmp_path / "a.yaml"), "--json"])
+    finally:
+        get_settings.cache_clear()
+
+    assert shown.exit_code == 0 and answer.exit_code == 0, shown.output + answer.output
+    report = json.loads(answer.output)
+    rows = {row["cluster"].removeprefix("→ "): row for row in report["clusters"]}
+    assert report["chosen"] == "a100"
+    assert rows["h100"]["why_not"] == "costs more" and rows["spare"]["why_not"] == "not priced"
+    assert rows["spare"]["cost"] == "-" and rows["h100"]["cost"].startswith("$")
+    assert "placed on a100 by cost (" in shown.output and "│ cost" in shown.output.replace("┃", "│")

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from service.core.advisor import advise
 from service.core.clusters import BackendKind, ClusterProfile
-from service.core.placement import choose, movable, plan_everywhere, start_in_s, summary
+from service.core.placement import (
+    choose,
+    cost_words,
+    money,
+    movable,
+    plan_everywhere,
+    start_in_s,
+    summary,
+    why_not,
+)
 from service.core.spec import JobSpec
 
 SEVEN_B = {
@@ -114,3 +126,93 @@ def test_a_job_with_checkpoints_moves_only_to_a_cluster_on_the_same_storage() ->
     }
     fresh, _ = movable(profiles, {"a"}, lustre_a, has_checkpoints=False)  # nothing to carry
     assert [p.name for p in fresh] == ["b", "c"]
+
+
+def priced(profile: ClusterProfile, usd_per_gpu_hour: float | None) -> ClusterProfile:
+    return profile.model_copy(update={"usd_per_gpu_hour": usd_per_gpu_hour})
+
+
+def by_cost(spec: dict[str, Any], profiles: list[ClusterProfile]) -> tuple[list[Any], Any]:
+    job = JobSpec.model_validate(spec)
+    options = plan_everywhere(job, profiles, advise, lambda _p: "")
+    return options, choose(options, job.resources.placement)
+
+
+def cost_spec(steps: int | None = 20_000) -> dict[str, Any]:
+    training = {**SEVEN_B["training"], "steps": steps}  # type: ignore[dict-item]
+    resources = {**SEVEN_B["resources"], "placement": "cost"}  # type: ignore[dict-item]
+    return {**SEVEN_B, "training": training, "resources": resources}
+
+
+def test_cost_placement_takes_the_cheaper_cluster_where_time_takes_the_faster() -> None:
+    profiles = [priced(A100_40, 0.80), priced(H100, 4.00)]
+    options, cheapest = by_cost(cost_spec(), profiles)
+    fastest = choose(options)  # the same options, placed by time
+
+    assert fastest is not None and fastest.cluster == "h100"
+    assert cheapest is not None and cheapest.cluster == "a100-40"
+    a100 = next(o for o in options if o.cluster == "a100-40")
+    # 8 GPUs x the predicted hours x $0.80; only float rounding between the two products
+    assert a100.cost_usd == pytest.approx(8 * a100.duration_s / 3600 * 0.80, rel=1e-12)
+    words = summary(options, cheapest, "cost")
+    assert words.startswith("placed on a100-40 by cost (ZeRO-")
+    assert f"costs {money(a100.cost_usd)}" in words
+    assert "h100: ZeRO-" in words and "costs $" in words.split("h100:")[1]
+
+
+def test_without_a_length_cost_placement_ranks_by_the_cost_of_a_step() -> None:
+    profiles = [priced(A100_40, 0.80), priced(H100, 4.00)]
+    options, cheapest = by_cost(cost_spec(steps=None), profiles)
+
+    assert cheapest is not None and cheapest.cluster == "a100-40"
+    assert cheapest.cost_usd is None and cheapest.usd_per_step is not None
+    assert cost_words(cheapest) == f"{money(cheapest.usd_per_step)} a step"
+    h100 = next(o for o in options if o.cluster == "h100")
+    assert h100.usd_per_step is not None and h100.usd_per_step > cheapest.usd_per_step
+
+
+def test_an_unpriced_cluster_is_taken_only_when_no_priced_one_can_run_the_job() -> None:
+    unpriced_fast = priced(H100, None)
+    _, chosen = by_cost(cost_spec(), [priced(A100_40, 0.80), unpriced_fast])
+    assert chosen is not None and chosen.cluster == "a100-40"  # faster, but its cost unknown
+
+    options, fallback = by_cost(cost_spec(), [priced(SMALL, 0.0), unpriced_fast])
+    assert fallback is not None and fallback.cluster == "h100"  # the priced one is too small
+    assert summary(options, fallback, "cost").startswith("placed on h100 (ZeRO-")  # by time
+    assert cost_words(fallback) == ""
+    assert why_not(options[0], fallback, "cost").startswith("has 2 GPUs per node")
+
+
+def test_costs_within_five_percent_are_a_tie_the_earlier_end_breaks() -> None:
+    options, _ = by_cost(cost_spec(), [priced(A100_40, 1.0), priced(H100, 1.0)])
+    a100, h100 = (o.cost_usd for o in options)
+    assert a100 is not None and h100 is not None
+    # price the H100 so that its job costs 4% more than the A100's: a tie, and it ends first
+    near = 1.0 * a100 / h100 * 1.04
+    options, chosen = by_cost(cost_spec(), [priced(A100_40, 1.0), priced(H100, near)])
+    assert chosen is not None and chosen.cluster == "h100"
+    assert why_not(options[0], chosen, "cost") == "ends later"
+    # 6% more is no tie: the cheaper one wins
+    over = 1.0 * a100 / h100 * 1.06
+    options, chosen = by_cost(cost_spec(), [priced(A100_40, 1.0), priced(H100, over)])
+    assert chosen is not None and chosen.cluster == "a100-40"
+    assert why_not(options[1], chosen, "cost") == "costs more"
+
+
+def test_money_reads_to_the_cent_and_small_amounts_to_three_digits() -> None:
+    assert money(1234.5) == "$1,234.50"
+    assert money(0.0) == "$0.00"
+    assert money(0.0206) == "$0.0206"
+    assert money(0.000000512) == "$0.000000512"
+
+
+def test_a_negative_price_and_an_unknown_placement_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError) as price:
+        ClusterProfile.model_validate({**H100.model_dump(), "usd_per_gpu_hour": -1.0})
+    assert price.value.errors()[0]["loc"] == ("usd_per_gpu_hour",)
+    spec = {**SEVEN_B, "resources": {**SEVEN_B["resources"], "placement": "cheap"}}  # type: ignore[dict-item]
+    with pytest.raises(ValidationError) as placement:
+        JobSpec.model_validate(spec)
+    error = placement.value.errors()[0]
+    assert error["loc"] == ("resources", "placement")
+    assert "'time' or 'cost'" in error["msg"]

@@ -119,12 +119,12 @@ def _placed_advice(
         options = plan_everywhere(
             spec, list(profiles.values()), lambda s, p: advise(s, p, policy), lambda _p: None
         )
-    best = choose(options)
+    best = choose(options, spec.resources.placement)
     if best is None or best.advice is None:
         why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
         raise unprocessable(["body", "resources", "cluster"], f"no cluster can run it ({why})")
     advice = best.advice
-    reason = f"{summary(options, best)}. {advice.reason}"
+    reason = f"{summary(options, best, spec.resources.placement)}. {advice.reason}"
     return AdvicePublic(
         plan=advice.plan, candidates=advice.candidates, warnings=advice.warnings, reason=reason
     )

@@ -147,11 +147,12 @@ def _place(
     options_there = plan_everywhere(spec, eligible, advise_once, waits, start_in)
     planned = {o.cluster: o for o in options_there}
     options = [o for name in profiles if (o := refused.get(name) or planned.get(name))]
-    chosen = choose(options)
+    by = spec.resources.placement
+    chosen = choose(options, by)
     if chosen is None:
         why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
         raise _unprocessable("resources.cluster", f"no cluster can run this job ({why})")
-    return profiles[chosen.cluster], summary(options, chosen)
+    return profiles[chosen.cluster], summary(options, chosen, by)
 
 
 def _store_submitted(
