@@ -184,9 +184,10 @@ def test_auto_placement_across_local_slurm_and_kubernetes(
     for pod in pods:  # the Kubernetes job ends too
         kubelet.exit(namespace, pod, 0)
     assert bob.wait_for(wide["id"], {"SUCCEEDED", "FAILED"}, stack, 60)["status"] == "SUCCEEDED"
-    print(f"saved step {saved['step']} on {SLURM}, resumed at {min(steps)} on {CPU};"
-          f" {time.monotonic() - began:.0f} s; {SLURM} ends in {ends_in_s(reason, SLURM):.0f} s,"
-          f" {K8S} in {ends_in_s(reason, K8S):.0f} s; {moved}")  # fmt: skip
+    print(
+        f"{time.monotonic() - began:.0f} s; at submit: {reason}\nafter the failed launch: {moved}"
+    )
+    print(f"saved step {saved['step']} on {SLURM}, resumed at {min(steps)} on {CPU}")
 
 
 def slurm_profile_conf(stack: Stack) -> str:
