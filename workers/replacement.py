@@ -38,18 +38,21 @@ def replace_after_failed_launch(
     if spec.resources.cluster != AUTO:
         return ""
     profiles = settings.cluster_profiles()
+    allowed = set(spec.resources.clusters or profiles)  # never one outside the job's own list
     failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
     failed.add(job.cluster)
     checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
     eligible, left_out = movable(
-        list(profiles.values()), failed, profiles.get(job.cluster), checkpoint is not None
-    )
+        [p for p in profiles.values() if p.name in allowed],
+        failed, profiles.get(job.cluster), checkpoint is not None,
+    )  # fmt: skip
     user, team = session.get(User, job.user_id), session.get(Team, job.team_id)
     if user is None or team is None:
         return "its user or team is gone"
     waits = wait_reasons(
-        session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing
-    )
+        session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing,
+        moving_from=job.cluster,  # still LAUNCHING there: its GPUs count as held until it moves
+    )  # fmt: skip
     options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
     chosen = choose(options, spec.resources.placement)
     if chosen is None or chosen.advice is None:

@@ -79,13 +79,19 @@ def would_wait(
     priority: int,
     cap: int | None,
     borrowing: bool = False,
+    moving_from: str | None = None,
 ) -> str | None:
     """Why a job of the caller's would wait on ``cluster`` now, or None: reads only (placement
-    asks it of every cluster; ``decide_submitted`` asks it under the admission turn)."""
+    asks it of every cluster; ``decide_submitted`` asks it under the admission turn). A job
+    ``moving_from`` another cluster still holds its GPUs there, which it gives up as it moves."""
     team = caller.team_name
     if caller.gpu_quota is None and cap is None:
         return None
     held, team_waits, cluster_waits = submit_view(session, caller, cluster)
+    if moving_from is not None:  # its own GPUs are no limit to it
+        held.by_team[team] -= gpus
+        if cluster == moving_from:
+            held.by_cluster[cluster] -= gpus
     limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
     new = Waiting("new", team, cluster, gpus, priority, utcnow())
     if why := admit([new], held, limits).waiting.get("new"):
@@ -96,25 +102,33 @@ def would_wait(
     if cap is not None and cluster_waits:
         return f"other jobs wait for cluster {cluster}; the next admission pass orders them"
     if borrowing and cap is None and caller.gpu_quota is not None:
-        return _pool_full(session, gpus)
+        return _pool_full(session, gpus, held_already=gpus if moving_from is not None else 0)
     return None
 
 
 def wait_reasons(
-    session: Session, caller: Caller, gpus: int, priority: int, borrowing: bool
+    session: Session,
+    caller: Caller,
+    gpus: int,
+    priority: int,
+    borrowing: bool,
+    moving_from: str | None = None,
 ) -> Callable[[ClusterProfile], str]:
     """``would_wait`` per cluster, as placement asks it ("": it would start now)."""
 
     def waits(profile: ClusterProfile) -> str:
-        why = would_wait(session, caller, profile.name, gpus, priority, profile.max_gpus, borrowing)
+        why = would_wait(
+            session, caller, profile.name, gpus, priority, profile.max_gpus, borrowing, moving_from
+        )
         return why or ""
 
     return waits
 
 
-def _pool_full(session: Session, gpus: int) -> str | None:
+def _pool_full(session: Session, gpus: int, held_already: int = 0) -> str | None:
     """With borrowing, a job within its quota may still find the quota pool lent out: then the
-    full pass decides (and preemption reclaims the loan)."""
+    full pass decides (and preemption reclaims the loan). ``held_already``: GPUs of the pool
+    the job itself holds (a re-placed job, before it moves)."""
     quota = col(Team.gpu_quota)
     capacity = select(func.coalesce(func.sum(quota), 0)).where(quota.is_not(None))
     in_use = (
@@ -123,7 +137,7 @@ def _pool_full(session: Session, gpus: int) -> str | None:
         .where(quota.is_not(None))
     )
     row = session.execute(select(capacity.scalar_subquery(), in_use.scalar_subquery())).one()
-    total, used = int(row[0]), int(row[1])
+    total, used = int(row[0]), int(row[1]) - held_already
     if used + gpus <= total:
         return None
     return (

@@ -11,8 +11,6 @@ copied anywhere it reads; see docs/kubernetes.md.)
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,22 +45,6 @@ def kubernetes_profile(plane: ControlPlane, namespace: str) -> dict[str, Any]:
         "namespace": namespace,
         "kubeconfig": str(plane.kubeconfig),
     }
-
-
-@pytest.fixture
-def namespace(kube_control_plane: ControlPlane) -> Iterator[str]:
-    api = kube_control_plane.api
-    assert api is not None
-    name = f"e2e-{secrets.token_hex(4)}"
-    assert api.post("/api/v1/namespaces", json={"metadata": {"name": name}}).is_success
-    deadline = time.monotonic() + 30  # pods are refused until its default ServiceAccount exists
-    while not api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").is_success:
-        assert time.monotonic() < deadline, "no default ServiceAccount"
-        time.sleep(0.1)
-    yield name
-    api.delete(f"/apis/batch/v1/namespaces/{name}/jobs", params={"propagationPolicy": "Background"})
-    api.delete(f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": 0})
-    api.delete(f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture

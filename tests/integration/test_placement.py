@@ -171,6 +171,26 @@ def test_a_failed_launch_re_places_the_job_on_the_next_cluster(
     assert (admitted["status"], admitted["current_attempt"]) == ("QUEUED", 2)
 
 
+def test_a_re_placed_job_within_its_quota_starts_at_once_and_only_its_clusters_are_named(
+    one_broken: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(one_broken)) as client:
+        quota = client.patch(
+            "/v1/teams/vision", json={"gpu_quota": 2}, headers=auth(tokens["root"])
+        )
+        assert quota.status_code == 200, quota.text
+        alice = auth(tokens["alice"])
+        job = client.post("/v1/jobs", json=bigger("quota"), headers=alice).json()
+        launch_attempt(one_broken, job["attempts"][0]["id"])  # holds vision's 2 GPUs until it moves
+        moved = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+
+    reason = next(e["reason"] for e in moved["events"] if e["to_status"] == "PENDING" and
+                  "re-placed" in e["reason"])  # fmt: skip
+    assert "placed on cpu-b (ZeRO-" in reason and ", starts now" in reason, reason
+    assert "waits" not in reason  # the 2 GPUs it held on gpu-a were its own
+    assert "local:" not in reason  # a cluster outside the job's list is never a choice
+
+
 def test_with_nowhere_else_to_go_a_failed_launch_fails_the_job_and_says_why(
     one_broken: Settings, tokens: dict[str, str]
 ) -> None:
