@@ -121,22 +121,6 @@ def plan_everywhere(
     return options
 
 
-def start_in_s(need: int, free: int, ends: Sequence[tuple[int, float | None]]) -> float | None:
-    """Seconds until ``need`` GPUs are free, where ``free`` are free now and the running jobs
-    hold the others (their GPUs, and when each is predicted to end): now, or the end of the
-    job whose GPUs make it enough, taken in order of their ends. None when that needs a job
-    whose end is not known, or more GPUs than the limit has."""
-    if need <= free:
-        return 0.0
-    for gpus, end_s in sorted(ends, key=lambda end: (end[1] is None, end[1] or 0.0)):
-        if end_s is None:
-            return None
-        free += gpus
-        if free >= need:
-            return end_s
-    return None
-
-
 def choose(options: Sequence[Option], by: Placement = "time") -> Option | None:
     """Where the job is predicted to end first, or with ``by="cost"`` cost least (the module
     says how). None when no cluster can run it."""

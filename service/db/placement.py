@@ -12,12 +12,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import case, func, or_, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
 from service.core.admission import HOLDING
-from service.core.placement import start_in_s
 from service.core.states import AttemptStatus, JobStatus
 from service.db.admission import WAITING_PREFIX, submit_view
 from service.db.models import Attempt, Job, JobEvent, MetricPoint, utcnow
@@ -41,12 +40,12 @@ def expected_start_s(
         team = col(Job.team_id) == caller.team_id
         free = caller.gpu_quota - held.by_team[caller.team_name]
         need = gpus + _waiting_gpus(session, team, excluding)
-        starts.append(start_in_s(need, free, _ends(session, team)))
+        starts.append(start_in_s(session, team, need - free))
     if cap is not None:
         on_cluster = col(Job.cluster) == cluster
         free = cap - held.by_cluster[cluster]
         need = gpus + _waiting_gpus(session, on_cluster, excluding)
-        starts.append(start_in_s(need, free, _ends(session, on_cluster)))
+        starts.append(start_in_s(session, on_cluster, need - free))
     if any(start is None for start in starts):
         return None
     return max((s for s in starts if s is not None), default=0.0)
@@ -60,24 +59,42 @@ def _waiting_gpus(session: Session, where: Any, excluding: str | None = None) ->
     return int(session.execute(query).scalar_one())
 
 
-def _ends(session: Session, where: Any) -> list[tuple[int, float | None]]:
-    """GPUs and predicted seconds to the end of each job holding GPUs under that limit."""
+def start_in_s(session: Session, where: Any, short: int) -> float | None:
+    """Seconds until ``short`` more GPUs than are free now free up under a limit: the
+    predicted end of the job holding GPUs there whose GPUs make it enough, the jobs taken in
+    order of their ends (each one's remaining steps at its step time). None when that needs a
+    job whose end is not known, or more GPUs than the limit's jobs hold. One row, however many
+    jobs hold GPUs there: the running sum is the database's."""
+    if short <= 0:
+        return 0.0
     last_step = (
         sql_select(func.max(MetricPoint.step))
         .where(col(MetricPoint.job_id) == Job.id)
         .correlate(Job)
         .scalar_subquery()
     )
-    query = sql_select(col(Job.gpus), col(Job.steps), col(Job.step_s), last_step).where(
-        col(Job.status).in_(HOLDING), where
+    left = col(Job.steps) - func.coalesce(last_step, 0)
+    remaining = case(
+        (or_(col(Job.steps).is_(None), col(Job.step_s).is_(None)), None),  # no length given
+        (left > 0, left * col(Job.step_s)),
+        else_=0.0,
     )
-    return [(row[0], _remaining_s(*row[1:])) for row in session.execute(query).all()]
-
-
-def _remaining_s(steps: int | None, step_s: float | None, done: int | None) -> float | None:
-    if steps is None or step_s is None:
-        return None  # no length given: when it ends is anyone's guess
-    return float(max(steps - (done or 0), 0) * step_s)
+    holding = (
+        sql_select(col(Job.gpus).label("gpus"), remaining.label("remaining"))
+        .where(col(Job.status).in_(HOLDING), where)
+        .subquery()
+    )
+    ends_first = (holding.c.remaining.is_(None), holding.c.remaining, holding.c.gpus)
+    released = func.sum(holding.c.gpus).over(order_by=ends_first, rows=(None, 0))
+    ordered = sql_select(holding.c.remaining, released.label("released")).subquery()
+    enough = (
+        sql_select(ordered.c.remaining)
+        .where(ordered.c.released >= short)
+        .order_by(ordered.c.released)
+        .limit(1)
+    )
+    row = session.execute(enough).first()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def waiting_auto_jobs(session: Session, placed_before: datetime, limit: int) -> Sequence[Job]:

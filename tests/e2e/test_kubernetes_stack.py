@@ -4,9 +4,10 @@ HTTP -> API -> Celery worker -> the Kubernetes backend -> the real control plane
 (``kube_control_plane``: kube-apiserver, the Job controller, the scheduler). The real Job
 controller creates the pods and the real scheduler binds them to the GPU nodes; the test plays
 only the kubelet: it starts the containers, serves the training log, and lets every rank exit 0.
-The job must end SUCCEEDED with the events a user reads. (``GET /v1/jobs/{id}/logs`` has no
-text for a Kubernetes attempt: the API never talks to a cluster, and the pods' logs are not
-copied anywhere it reads; see docs/kubernetes.md.)
+The job must end SUCCEEDED with the events a user reads. (This profile has no shared volume, so
+``GET /v1/jobs/{id}/logs`` has no text here: the API never talks to a cluster. With
+``shared_volume_claim`` each pod writes its log into the attempt folder, where the API reads it:
+``test_kubernetes_backend``'s logs tests; docs/kubernetes.md.)
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 from sqlmodel import Session, select
 
 from service.api.app import create_app
 from service.core.advisor import advise
-from service.core.clusters import LOCAL_PROFILE
+from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.spec import JobSpec
 from service.db import plain
 from service.db.admission import admit_pending
@@ -34,7 +35,13 @@ from service.db.jobs import spec_digest
 from service.db.migrate import upgrade
 from service.db.models import Job, Team, User
 from service.db.session import get_engine
-from service.settings import AuthSettings, BrokerSettings, DatabaseSettings, Settings
+from service.settings import (
+    AuthSettings,
+    BrokerSettings,
+    ClusterSettings,
+    DatabaseSettings,
+    Settings,
+)
 from tests.integration.helpers import auth, three_users, tiny_spec
 
 
@@ -61,22 +68,29 @@ def client(pg_settings: Settings) -> Iterator[TestClient]:
         yield test_client
 
 
-def store_jobs(database_url: str, user_name: str, count: int, admit: bool) -> None:
-    """``count`` more jobs of the user (rows only, one batch), admitted by the periodic pass
-    (QUEUED, holding GPUs) or left PENDING."""
+def store_jobs(
+    database_url: str,
+    user_name: str,
+    count: int,
+    admit: bool,
+    profile: ClusterProfile = LOCAL_PROFILE,
+    steps: int | None = None,
+) -> None:
+    """``count`` more jobs of the user on ``profile`` (rows only, one batch), admitted by the
+    periodic pass (QUEUED, holding GPUs) or left PENDING; with ``steps``, of a known length."""
     spec = JobSpec.model_validate(tiny_spec("backlog"))
-    plan = advise(spec, LOCAL_PROFILE).plan.model_dump(mode="json")
+    plan = advise(spec, profile).plan.model_dump(mode="json")
     with Session(get_engine(database_url)) as session:
         user = session.exec(select(User).where(User.name == user_name)).one()
         session.add_all(
-            Job(name=spec.name, team_id=user.team_id, user_id=user.id or 0, cluster="local",
+            Job(name=spec.name, team_id=user.team_id, user_id=user.id or 0, cluster=profile.name,
                 gpus=spec.resources.world_size, spec=spec.model_dump(mode="json"), plan=plan,
-                spec_digest=spec_digest(spec))
+                spec_digest=spec_digest(spec), steps=steps, step_s=0.5 if steps else None)
             for _ in range(count)
         )  # fmt: skip
         session.flush()
         if admit:
-            admit_pending(session, {LOCAL_PROFILE.name: LOCAL_PROFILE})
+            admit_pending(session, {profile.name: profile})
         session.commit()
 
 
@@ -89,7 +103,11 @@ def set_quota(database_url: str, team_name: str, gpus: int) -> None:
 
 
 def counted_submit(
-    client: TestClient, database_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    database_url: str,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spec: dict[str, Any] | None = None,
 ) -> tuple[Cost, Any]:
     """Submit one job and count what it asked of the database, at the driver: statements sent
     through the ORM (the connection's cursors) and those the hot path sends on psycopg's
@@ -123,7 +141,9 @@ def counted_submit(
     with monkeypatch.context() as patch:
         patch.setattr(plain, "RawCursor", CountingRawCursor)
         try:
-            response = client.post("/v1/jobs", json=tiny_spec("measured"), headers=auth(token))
+            response = client.post(
+                "/v1/jobs", json=spec or tiny_spec("measured"), headers=auth(token)
+            )
         finally:
             event.remove(engine, "checkout", count_on)
             for connection in counting:  # back in the pool: count nothing else
@@ -172,6 +192,45 @@ def test_a_waiting_submit_costs_the_same_behind_10_or_1000_waiting_jobs(
         "waiting: other jobs of team vision wait too; the next admission pass orders them"
     )
     assert (large.statements, large.rows) == (small.statements, small.rows)
+
+
+CPU = {"kind": "local", "gpus_per_node": 2, "cpu_memory_gib": 16}
+TWO_CLUSTERS = [{"name": "cpu-a", "max_gpus": 8, **CPU}, {"name": "cpu-b", "max_gpus": 8, **CPU}]
+
+
+def test_an_auto_submit_costs_the_same_beside_10_or_1000_jobs_on_each_cluster(
+    pg_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placement plans the job for each cluster and reads each one's expected start (the
+    limits it waits for, the GPUs waiting ahead, the predicted ends of the jobs holding them)
+    in a few aggregate statements per cluster, whatever the backlog there."""
+    profiles_file = tmp_path / "clusters.yaml"
+    profiles_file.write_text(yaml.safe_dump({"clusters": TWO_CLUSTERS}))
+    settings = pg_settings.model_copy(
+        update={"clusters": ClusterSettings(profiles_file=profiles_file)}
+    )
+    profiles = [ClusterProfile.model_validate(p) for p in TWO_CLUSTERS]
+    url = settings.database_url
+    tokens = three_users(url)
+    auto = tiny_spec("measured", training={**tiny_spec()["training"], "steps": 100})
+    auto["resources"] = {**auto["resources"], "cluster": "auto", "clusters": ["cpu-a", "cpu-b"]}
+
+    def backlog(count: int) -> None:
+        for profile in profiles:  # each cluster full, with jobs of known length waiting
+            store_jobs(url, "bob", count, admit=True, profile=profile, steps=1000)
+            store_jobs(url, "bob", count, admit=False, profile=profile, steps=1000)
+
+    with TestClient(create_app(settings)) as client:
+        backlog(10)
+        counted_submit(client, url, tokens["root"], monkeypatch, auto)  # warm
+        small, first = counted_submit(client, url, tokens["alice"], monkeypatch, auto)
+        backlog(990)
+        large, second = counted_submit(client, url, tokens["alice"], monkeypatch, auto)
+
+    assert first["status"] == second["status"] == "PENDING"
+    assert "expected to start in" in second["advice_reason"]
+    assert large.statements == small.statements
+    assert large.rows == small.rows
 
 
 # A statement that names a job's spec or plan column (spec_digest is a column of its own).

@@ -15,7 +15,6 @@ from service.core.placement import (
     money,
     movable,
     plan_everywhere,
-    start_in_s,
     summary,
     why_not,
 )
@@ -101,15 +100,6 @@ def test_with_its_length_known_the_job_goes_where_it_ends_first() -> None:
     assert late is not None and late.cluster == "a100-40"
     unknown = choose(options(None))  # its start unknown: the known end wins
     assert unknown is not None and unknown.cluster == "a100-40"
-
-
-def test_a_start_is_the_end_of_the_job_whose_gpus_make_enough() -> None:
-    ends = [(4, 600.0), (2, 60.0), (8, None)]
-    assert start_in_s(2, 2, ends) == 0.0  # free now
-    assert start_in_s(4, 2, ends) == 60.0  # the 2-GPU job ends first
-    assert start_in_s(8, 2, ends) == 600.0
-    assert start_in_s(9, 2, ends) is None  # needs the job whose end is not known
-    assert start_in_s(64, 2, [(4, 60.0)]) is None  # more than the limit ever frees
 
 
 def test_a_job_with_checkpoints_moves_only_to_a_cluster_on_the_same_storage() -> None:
