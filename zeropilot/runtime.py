@@ -3,19 +3,23 @@
 zeropilot starts every rank with a few ``ZEROPILOT_*`` variables in its environment. This module
 reads them and talks to the API with the attempt's own token. It imports only the standard
 library so that it works in any training image, and a reporting failure never stops training:
-the run matters more than its telemetry.
+the run matters more than its telemetry. Nor does a slow API slow it: metrics go out from a
+background thread (every other report waits until those before it have gone, then goes itself).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import queue
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +33,11 @@ from typing import Any
 FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
 # EX_TEMPFAIL of sysexits.h: saved and stopped on request, to be run again; not a failure.
 STOPPED_EXIT_CODE = 75
+
+# Metrics points waiting for the background sender; past this (an API down for a long while)
+# new ones are dropped, not the training slowed.
+QUEUED_REPORTS_MAX = 10_000
+FLUSH_S = 10.0  # how long the process's exit, or a report after metrics, waits for them
 
 _OOM_GPU_PATTERNS = ("cuda out of memory", "outofmemoryerror", "hip out of memory", "out of memory")
 _OOM_HOST_PATTERNS = ("defaultcpuallocator: can't allocate", "std::bad_alloc")
@@ -45,6 +54,7 @@ class Reporter:
     _warned: bool = field(default=False, repr=False)
     _expired: bool = field(default=False, repr=False)  # the API said the attempt has ended
     _stop_signal: bool = field(default=False, repr=False)  # SIGTERM arrived: save, then exit
+    _queued: queue.Queue[tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> Reporter:
@@ -73,7 +83,7 @@ class Reporter:
         if odd:
             self._warn_once(f"step {step}: {', '.join(odd)} not finite, reported as missing")
         loss, tokens_per_s = (None if k in odd else numbers[k] for k in ("loss", "tokens_per_s"))
-        self._post(
+        self._post_later(
             "metrics",
             {
                 "step": step,
@@ -158,8 +168,46 @@ class Reporter:
             return False
         return True
 
-    def _post(self, kind: str, payload: dict[str, Any]) -> None:
+    def flush(self, timeout_s: float = FLUSH_S) -> None:
+        """Wait (at most ``timeout_s``) until the metrics reported so far have been sent."""
+        waiting = self._queued
+        deadline = time.monotonic() + timeout_s
+        while waiting is not None and waiting.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _post_later(self, kind: str, payload: dict[str, Any]) -> None:
+        """Queue a report for the background sender, started with the first."""
         if not self.enabled:
+            return
+        if self._queued is None:
+            self._queued = queue.Queue(QUEUED_REPORTS_MAX)
+            threading.Thread(
+                target=self._send_queued, name="zeropilot-reports", daemon=True
+            ).start()
+            atexit.register(self.flush)  # the last steps' points before the process ends
+        try:
+            self._queued.put_nowait((kind, payload))
+        except queue.Full:
+            self._warn_once(f"{QUEUED_REPORTS_MAX} reports not sent yet: dropping new ones")
+
+    def _send_queued(self) -> None:
+        assert self._queued is not None
+        while True:
+            kind, payload = self._queued.get()
+            try:
+                self._send(kind, payload)
+            finally:
+                self._queued.task_done()
+
+    def _post(self, kind: str, payload: dict[str, Any]) -> None:
+        """Send a report now, after the metrics queued before it (the order they happened)."""
+        if not self.enabled:
+            return
+        self.flush()
+        self._send(kind, payload)
+
+    def _send(self, kind: str, payload: dict[str, Any]) -> None:
+        if not self.enabled:  # refused with 401 since it was queued: the attempt has ended
             return
         if not str(self.url).startswith(("http://", "https://")):
             self._warn_once(f"ZEROPILOT_URL must be an http(s) URL, not {self.url!r}")
