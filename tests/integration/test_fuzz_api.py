@@ -123,4 +123,10 @@ def test_linked_operations_in_sequence_answer_no_server_error(
                 recorder=self.recorder,
             )
 
-    Workflow.run(settings=hypothesis.settings(BOUNDED, max_examples=15, stateful_step_count=6))
+    stateful = hypothesis.settings(BOUNDED, max_examples=15, stateful_step_count=6)
+    try:
+        Workflow.run(settings=stateful)
+    except hypothesis.errors.FlakyStrategyDefinition:
+        # The harness's, not the API's: links fill bundles from live answers, and a replay on
+        # the shared database (other modules' jobs) can offer other rules. Once more, fresh.
+        Workflow.run(settings=stateful)
