@@ -51,6 +51,17 @@ def watched_pass(profile: ClusterProfile, refs: list[str]) -> tuple[dict[str, Ba
     return dict(statuses), calls_sent("kubernetes") - before
 
 
+def running_job(
+    tmp_path: Path, profile: ClusterProfile, kubelet: FakeKubelet, ns: str, name: str
+) -> tuple[str, str]:
+    """A one-pod Job whose container runs: its ref and its pod."""
+    ref = one_gpu_job(tmp_path, profile, name)
+    (pod,) = kubelet.wait_for_pods(ns, name, 1)
+    kubelet.run(ns, pod)
+    poll_until(profile, ref, BackendState.RUNNING)
+    return ref, pod
+
+
 def states(statuses: dict[str, BackendStatus], refs: dict[str, str]) -> dict[str, BackendState]:
     return {what: statuses[ref].state for what, ref in refs.items()}
 
@@ -101,10 +112,7 @@ def test_a_watched_pass_sends_nothing_for_unchanged_jobs_and_matches_polling_eac
 def test_a_dropped_watch_resumes_from_its_version_and_misses_nothing(
     ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    ref = one_gpu_job(tmp_path, profile, "zp-watch-dropped")
-    (pod,) = kubelet.wait_for_pods(ns, "zp-watch-dropped", 1)
-    kubelet.run(ns, pod)
-    poll_until(profile, ref, BackendState.RUNNING)
+    ref, pod = running_job(tmp_path, profile, kubelet, ns, "zp-watch-dropped")
     watched_pass(profile, [ref])
     wait_until(lambda: all(mirror.watching for mirror in kubernetes_watch.mirrors()))
     opened = calls_sent(kubernetes_watch.WATCH_CALLS)
@@ -128,10 +136,7 @@ def test_a_dropped_watch_resumes_from_its_version_and_misses_nothing(
 def test_a_worker_restarted_while_a_job_ends_sees_the_end(
     ns: str, kubelet: FakeKubelet, profile: ClusterProfile, tmp_path: Path
 ) -> None:
-    ref = one_gpu_job(tmp_path, profile, "zp-watch-restart")
-    (pod,) = kubelet.wait_for_pods(ns, "zp-watch-restart", 1)
-    kubelet.run(ns, pod)
-    poll_until(profile, ref, BackendState.RUNNING)
+    ref, pod = running_job(tmp_path, profile, kubelet, ns, "zp-watch-restart")
     assert watched_pass(profile, [ref])[0][ref].state == BackendState.RUNNING
 
     kubernetes_watch.stop_all()  # the worker's process exits: its copies with it

@@ -234,8 +234,8 @@ def _watched(
 
 
 def _read_of_job(job: Json) -> Json:
-    """What a pass reads of a Job that has not ended: not its pod template nor field managers
-    (most of its size; a copy of 10,000 whole Jobs held 211 MiB)."""
+    """What a pass reads of a Job that has not ended: not its pod template nor field managers,
+    which it never reads."""
     spec = {k: v for k, v in (job.get("spec") or {}).items() if k != "template"}
     return {**job, "metadata": _without_managers(job), "spec": spec}
 
@@ -253,9 +253,8 @@ def _without_managers(obj: Json) -> Json:
 
 def _open_watch(core: Any, batch: Any, namespace: str, kind: str, version: str) -> Any:
     """A WATCH of zeropilot's Jobs or Pods from ``version``, its events as they come."""
-    lister = batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
     try:
-        return lister(
+        return _lister(core, batch, kind)(
             namespace,
             label_selector=_MANAGED_SELECTOR,
             watch=True,
@@ -291,13 +290,18 @@ def _managed(core: Any, batch: Any, namespace: str, kind: str) -> list[Json]:
 
 def _list_managed(core: Any, batch: Any, namespace: str, kind: str) -> Json:
     """The LIST of zeropilot's Jobs or Pods: its items and the version it is current to."""
-    lister = batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
+    lister = _lister(core, batch, kind)
     return _json(
         _call(
             f"list {kind} in {namespace}",
             lambda: lister(namespace, label_selector=_MANAGED_SELECTOR, **_RAW),
         )
     )
+
+
+def _lister(core: Any, batch: Any, kind: str) -> Any:
+    """The API call that lists, or with ``watch=True`` watches, Jobs or Pods."""
+    return batch.list_namespaced_job if kind == "Jobs" else core.list_namespaced_pod
 
 
 def _deleted_outside(ref: str) -> BackendStatus:
