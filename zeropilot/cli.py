@@ -50,10 +50,7 @@ class UserRole(StrEnum):  # service.core.roles.Role, spelled here to keep the cl
     team_admin = "team-admin"
 
 
-HEARTBEAT_S = 20.0
-# --wait looks every 0.25 s for its first two minutes (a short job's end is seen at once), then
-# every second (two requests a look: a days-long wait should not weigh on the API).
-FOLLOW_FAST_S, FOLLOW_FAST_FOR_S, FOLLOW_S = 0.25, 120.0, 1.0
+HEARTBEAT_S = 20.0  # a silence this long prints what the job is doing; also a wait's longest hold
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -130,14 +127,16 @@ def _print_plan(plan: dict[str, Any], reason: str) -> None:
 
 
 def _follow(client: Client, job_id: str, quiet: bool) -> dict[str, Any]:
-    """Print status changes and each new step until the job ends; return the final job."""
-    seen_events, last_metric, last_heartbeat, last_wait = 0, 0, "", ""
-    quiet_since = started = time.monotonic()
+    """Print status changes and each new step until the job ends; return the final job.
+    Between looks the server holds a long poll (``/wait``), answered as the job moves: the
+    job is read again only on a new status or event, its metrics only on new points."""
+    last_event, last_metric, last_heartbeat, last_wait = 0, 0, "", ""
+    quiet_since = time.monotonic()
+    job: dict[str, Any] = call_api(client.get_job, job_id)
+    points: list[dict[str, Any]] = call_api(client.metrics, job_id, 0)
     while True:
-        job: dict[str, Any] = call_api(client.get_job, job_id)
-        events = [e for e in job["events"][seen_events:] if e["subject"] == "job"]
-        seen_events = len(job["events"])
-        points = call_api(client.metrics, job_id, last_metric)
+        events = [e for e in job["events"] if e["id"] > last_event and e["subject"] == "job"]
+        last_event = max((e["id"] for e in job["events"]), default=last_event)
         if points:
             last_metric, quiet_since = points[-1]["id"], time.monotonic()
         if not quiet:
@@ -150,7 +149,13 @@ def _follow(client: Client, job_id: str, quiet: bool) -> dict[str, Any]:
         if not quiet and time.monotonic() - quiet_since > HEARTBEAT_S:
             last_heartbeat = _print_heartbeat(client, job, last_heartbeat)
             quiet_since = time.monotonic()
-        time.sleep(FOLLOW_FAST_S if time.monotonic() - started < FOLLOW_FAST_FOR_S else FOLLOW_S)
+        progress = call_api(
+            client.wait, job_id, job["status"], last_event, last_metric, HEARTBEAT_S
+        )
+        if progress["status"] != job["status"] or progress["last_event_id"] != last_event:
+            job = call_api(client.get_job, job_id)
+        moved = progress["last_metric_id"] != last_metric
+        points = call_api(client.metrics, job_id, last_metric) if moved else []
 
 
 def _print_in_order(events: list[dict[str, Any]], points: list[dict[str, Any]]) -> None:

@@ -153,6 +153,24 @@ class Client:
         response = self._send("GET", path, params={"after_id": after_id})
         return cast(list[dict[str, Any]], response.json())
 
+    def wait(
+        self,
+        job_id: str,
+        status: str | None = None,
+        events_after: int = 0,
+        metrics_after: int = 0,
+        timeout_s: float = 20.0,
+    ) -> dict[str, Any]:
+        """Held by the server until the job moves past what was seen, or ``timeout_s``."""
+        params: dict[str, Any] = {
+            "events_after": events_after,
+            "metrics_after": metrics_after,
+            "timeout_s": timeout_s,
+        }
+        if status is not None:
+            params["status"] = status
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}/wait", params=params)
+
     def advise(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/advice", json_body=spec)
 

@@ -4,12 +4,14 @@ zeropilot starts every rank with a few ``ZEROPILOT_*`` variables in its environm
 reads them and talks to the API with the attempt's own token. It imports only the standard
 library so that it works in any training image, and a reporting failure never stops training:
 the run matters more than its telemetry. Nor does a slow API slow it: metrics go out from a
-background thread (every other report waits until those before it have gone, then goes itself).
+background thread, a second's points in one request (every other report sends those before it
+first, then goes itself).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -38,6 +40,10 @@ STOPPED_EXIT_CODE = 75
 # new ones are dropped, not the training slowed.
 QUEUED_REPORTS_MAX = 10_000
 FLUSH_S = 10.0  # how long the process's exit, or a report after metrics, waits for them
+# Metrics gather this long after a point, then leave together: a job stepping ten times a
+# second costs the API one request a second. A checkpoint, a failure or the exit sends at once.
+BATCH_S = 1.0
+POINTS_PER_REQUEST = 1000  # the API's most per request (METRIC_POINTS_PER_REPORT)
 
 _OOM_GPU_PATTERNS = ("cuda out of memory", "outofmemoryerror", "hip out of memory", "out of memory")
 _OOM_HOST_PATTERNS = ("defaultcpuallocator: can't allocate", "std::bad_alloc")
@@ -54,7 +60,8 @@ class Reporter:
     _warned: bool = field(default=False, repr=False)
     _expired: bool = field(default=False, repr=False)  # the API said the attempt has ended
     _stop_signal: bool = field(default=False, repr=False)  # SIGTERM arrived: save, then exit
-    _queued: queue.Queue[tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
+    # Metrics points for the background sender; None asks it to send what it has gathered.
+    _queued: queue.Queue[dict[str, Any] | None] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls) -> Reporter:
@@ -84,7 +91,6 @@ class Reporter:
             self._warn_once(f"step {step}: {', '.join(odd)} not finite, reported as missing")
         loss, tokens_per_s = (None if k in odd else numbers[k] for k in ("loss", "tokens_per_s"))
         self._post_later(
-            "metrics",
             {
                 "step": step,
                 "loss": loss,
@@ -169,14 +175,19 @@ class Reporter:
         return True
 
     def flush(self, timeout_s: float = FLUSH_S) -> None:
-        """Wait (at most ``timeout_s``) until the metrics reported so far have been sent."""
+        """Send the metrics reported so far now, and wait (at most ``timeout_s``) until they
+        have gone."""
         waiting = self._queued
+        if waiting is None:
+            return
+        with contextlib.suppress(queue.Full):  # full: the sender is busy sending anyway
+            waiting.put_nowait(None)  # no more gathering: send what has gathered
         deadline = time.monotonic() + timeout_s
-        while waiting is not None and waiting.unfinished_tasks and time.monotonic() < deadline:
+        while waiting.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    def _post_later(self, kind: str, payload: dict[str, Any]) -> None:
-        """Queue a report for the background sender, started with the first."""
+    def _post_later(self, payload: dict[str, Any]) -> None:
+        """Queue a step's metrics for the background sender, started with the first."""
         if not self.enabled:
             return
         if self._queued is None:
@@ -186,18 +197,42 @@ class Reporter:
             ).start()
             atexit.register(self.flush)  # the last steps' points before the process ends
         try:
-            self._queued.put_nowait((kind, payload))
+            self._queued.put_nowait(payload)
         except queue.Full:
             self._warn_once(f"{QUEUED_REPORTS_MAX} reports not sent yet: dropping new ones")
 
     def _send_queued(self) -> None:
+        """Send the points in batches: those that gather within ``BATCH_S`` of the first (or
+        until a flush) leave in one request."""
         assert self._queued is not None
         while True:
-            kind, payload = self._queued.get()
+            points, taken = self._gather(self._queued)
             try:
-                self._send(kind, payload)
+                if points:
+                    self._send("metrics/batch", points)
             finally:
-                self._queued.task_done()
+                for _ in range(taken):
+                    self._queued.task_done()
+
+    @staticmethod
+    def _gather(
+        waiting: queue.Queue[dict[str, Any] | None],
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The next batch of points, and how many queue items it took (a flush's marker too)."""
+        points: list[dict[str, Any]] = []
+        item, taken = waiting.get(), 1
+        until = time.monotonic() + BATCH_S
+        while item is not None:
+            points.append(item)
+            left = until - time.monotonic()
+            if len(points) >= POINTS_PER_REQUEST or left <= 0:
+                break
+            try:
+                item = waiting.get(timeout=left)
+            except queue.Empty:
+                break
+            taken += 1
+        return points, taken
 
     def _post(self, kind: str, payload: dict[str, Any]) -> None:
         """Send a report now, after the metrics queued before it (the order they happened)."""
@@ -206,7 +241,7 @@ class Reporter:
         self.flush()
         self._send(kind, payload)
 
-    def _send(self, kind: str, payload: dict[str, Any]) -> None:
+    def _send(self, kind: str, payload: dict[str, Any] | list[dict[str, Any]]) -> None:
         if not self.enabled:  # refused with 401 since it was queued: the attempt has ended
             return
         if not str(self.url).startswith(("http://", "https://")):

@@ -10,6 +10,7 @@ from service.api.deadline import Deadline
 from service.api.deps import get_current_user
 from service.api.docs import mount_docs
 from service.api.errors import error_responses, install_error_handlers
+from service.api.job_progress import ProgressHub, read_from
 from service.api.plain_submit import plain_submit_route
 from service.api.routes import advice, health, jobs, prometheus, runtime, teams, users
 from service.api.text_guard import TextGuard
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=error_responses(401) | V1_ERRORS,
     )
     app.state.cluster_profiles = settings.cluster_profiles
+    app.state.progress_hub = ProgressHub(read_from(settings.database_url))
     # Added last, so outermost: the deadline covers reading the body too; the text guard sees
     # only bodies within the size limit.
     app.add_middleware(TextGuard)

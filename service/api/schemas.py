@@ -6,7 +6,7 @@ import os
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
 from service.core.limits import INT32_MAX, INT64_MAX, Text
 from service.core.roles import Role
@@ -112,6 +112,16 @@ class JobDetail(JobPublic):
     checkpoint_bytes: int = 0  # of the checkpoints retention keeps, as last measured
 
 
+class ProgressPublic(BaseModel):
+    """A long poll's answer: whether the job moved past what the caller had seen, and where
+    it stands (send these back as the next wait's ``status``, ``events_after``, ...)."""
+
+    changed: bool
+    status: JobStatus
+    last_event_id: int
+    last_metric_id: int
+
+
 class LogsPublic(BaseModel):
     attempt: int
     text: str
@@ -132,6 +142,16 @@ class MetricReport(Report):
     extra: dict[Annotated[str, Field(max_length=64)], float] = Field(
         default_factory=dict, max_length=64
     )
+
+
+# Points in one metrics report: the runtime sends what gathered in a second, in one request.
+METRIC_POINTS_PER_REPORT = 1000
+
+
+class MetricReports(RootModel[list[MetricReport]]):
+    """Several steps' points in one request, oldest first."""
+
+    root: list[MetricReport] = Field(min_length=1, max_length=METRIC_POINTS_PER_REPORT)
 
 
 class CheckpointReport(Report):

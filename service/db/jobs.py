@@ -302,6 +302,35 @@ def metrics_of(session: Session, job_id: str, after_id: int = 0) -> Sequence[Met
     return session.exec(query).all()
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far a job has come, as a follower sees it: its status and its newest rows' ids."""
+
+    status: JobStatus
+    last_event_id: int
+    last_metric_id: int
+
+
+def progress_of(session: Session, job_ids: Sequence[str]) -> dict[str, Progress]:
+    """The progress of each of these jobs that exists, in one statement however many."""
+    job_id = col(Job.id)
+    newest_event = (
+        sql_select(func.max(JobEvent.id)).where(col(JobEvent.job_id) == job_id).scalar_subquery()
+    )
+    newest_metric = (
+        sql_select(func.max(MetricPoint.id))
+        .where(col(MetricPoint.job_id) == job_id)
+        .scalar_subquery()
+    )
+    query = sql_select(job_id, col(Job.status), newest_event, newest_metric).where(
+        job_id.in_(job_ids)
+    )
+    return {
+        found: Progress(JobStatus(status), event_id or 0, metric_id or 0)
+        for found, status, event_id, metric_id in session.execute(query)
+    }
+
+
 def checkpoints_of(session: Session, job_id: str) -> Sequence[Checkpoint]:
     query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.id))
     return session.exec(query).all()

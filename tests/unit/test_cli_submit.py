@@ -46,23 +46,31 @@ def test_outage_is_retried_with_one_key_until_the_job_is_stored(
     assert "job j1 (tiny) QUEUED" in result.stdout
 
 
+def event(number: int, status: str, at: str) -> dict[str, Any]:
+    return {
+        "id": number,
+        "subject": "job",
+        "to_status": status,
+        "reason": status.lower(),
+        "created_at": at,
+    }
+
+
+def step(number: int, at: str) -> dict[str, Any]:
+    return {"id": number, "step": number, "loss": 0.5, "tokens_per_s": 100.0, "created_at": at}
+
+
 def test_wait_prints_the_last_steps_before_the_event_that_ended_the_job(
     scripted: list[ScriptedApi], tmp_path: Path
 ) -> None:
     """The last poll reads the job, already SUCCEEDED, then the steps reported before that:
     they are printed in the order they happened, not in the order they were read."""
 
-    def event(status: str, at: str) -> dict[str, Any]:
-        return {"subject": "job", "to_status": status, "reason": status.lower(), "created_at": at}
-
-    def step(number: int, at: str) -> dict[str, Any]:
-        return {"id": number, "step": number, "loss": 0.5, "tokens_per_s": 100.0, "created_at": at}
-
     day = "2026-12-01T12:00"
     ended = {
         **JOB,
         "status": "SUCCEEDED",
-        "events": [event("RUNNING", f"{day}:01Z"), event("SUCCEEDED", f"{day}:09Z")],
+        "events": [event(1, "RUNNING", f"{day}:01Z"), event(2, "SUCCEEDED", f"{day}:09Z")],
     }
     steps = [step(11, f"{day}:07.5Z"), step(12, f"{day}:08Z")]
     api = serve(scripted, STORED, (200, {}, ended), (200, {}, steps))
@@ -71,6 +79,45 @@ def test_wait_prints_the_last_steps_before_the_event_that_ended_the_job(
     out = result.stdout
     assert out.index("RUNNING") < out.index("step    11") < out.index("step    12")
     assert out.index("step    12") < out.index("SUCCEEDED")
+
+
+def test_wait_holds_a_long_poll_and_reads_only_what_moved(
+    scripted: list[ScriptedApi], tmp_path: Path
+) -> None:
+    """Between looks the CLI sends what it has seen and the server holds the request; new
+    metrics alone are read without the job, a new event reads the job (and ends the wait)."""
+    day = "2026-12-01T12:00"
+    running = {**JOB, "status": "RUNNING", "events": [event(1, "RUNNING", f"{day}:01Z")]}
+    ended = {
+        **running,
+        "status": "SUCCEEDED",
+        "events": [*running["events"], event(2, "SUCCEEDED", f"{day}:09Z")],
+    }
+    moved = {"changed": True, "status": "RUNNING", "last_event_id": 1, "last_metric_id": 2}
+    api = serve(
+        scripted,
+        STORED,
+        (200, {}, running),
+        (200, {}, []),  # no metrics yet
+        (200, {}, moved),
+        (200, {}, [step(1, f"{day}:02Z"), step(2, f"{day}:03Z")]),
+        (200, {}, {**moved, "status": "SUCCEEDED", "last_event_id": 2}),
+        (200, {}, ended),
+    )
+    result = submit(api.url, str(spec(tmp_path)), "--wait")
+    assert result.exit_code == 0, result.output
+    sent = [line.split()[1] for line, _headers in api.requests]
+    assert sent == [
+        "/v1/jobs",
+        "/v1/jobs/j1",
+        "/v1/jobs/j1/metrics?after_id=0",
+        "/v1/jobs/j1/wait?events_after=1&metrics_after=0&timeout_s=20.0&status=RUNNING",
+        "/v1/jobs/j1/metrics?after_id=0",
+        "/v1/jobs/j1/wait?events_after=1&metrics_after=2&timeout_s=20.0&status=RUNNING",
+        "/v1/jobs/j1",
+    ]
+    out = result.stdout
+    assert out.index("RUNNING") < out.index("step     2") < out.index("SUCCEEDED")
 
 
 def test_a_given_key_is_sent_on_every_try(scripted: list[ScriptedApi], tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The training process's reports: metrics leave from a background thread, so a slow API does
-not hold a step; every other report goes after the metrics before it; the process's exit
-waits for the last ones.
+"""The training process's reports: metrics leave from a background thread, a second's points
+in one request, so a slow API does not hold a step; every other report goes after the metrics
+before it; the process's exit waits for the last ones.
 
 The API is played by a small HTTP server that records what arrives and can hold its answers
 (the real API's handling of these reports: the end-to-end tests)."""
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 class Api:
     def __init__(self) -> None:
-        self.received: list[tuple[str, dict[str, Any]]] = []
+        self.received: list[tuple[str, Any]] = []  # (route below the attempt, body)
         self.answer = threading.Event()
         self.answer.set()
         self.status = 202
@@ -35,7 +35,7 @@ class Api:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 api.answer.wait(10)
-                api.received.append((self.path.rsplit("/", 1)[1], body))
+                api.received.append((self.path.split("/a1/", 1)[1], body))
                 self.send_response(api.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -67,9 +67,9 @@ def test_metrics_do_not_wait_for_the_api_and_a_checkpoint_goes_after_them(api: A
     reporter.checkpoint(3, "/tmp/ckpt/global_step3")
 
     assert queued_while_held == []  # all three calls returned while nothing was answered
-    assert [(kind, body["step"]) for kind, body in api.received] == [
-        ("metrics", 1), ("metrics", 2), ("metrics", 3), ("checkpoints", 3),
-    ]  # fmt: skip
+    (batch, points), (after, checkpoint) = api.received
+    assert (batch, [p["step"] for p in points]) == ("metrics/batch", [1, 2, 3])
+    assert (after, checkpoint["step"]) == ("checkpoints", 3)
 
 
 def test_the_last_metrics_are_sent_before_the_process_exits(api: Api) -> None:
@@ -81,7 +81,8 @@ def test_the_last_metrics_are_sent_before_the_process_exits(api: Api) -> None:
     )  # ends right after queueing: the exit's flush sends them
     subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True, timeout=60)
 
-    assert [body["step"] for _kind, body in api.received] == list(range(1, 51))
+    assert [p["step"] for _kind, points in api.received for p in points] == list(range(1, 51))
+    assert len(api.received) < 5, "gathered into a few requests, not one a step"
 
 
 def test_queued_reports_stop_once_the_api_says_the_attempt_has_ended(api: Api) -> None:
@@ -89,10 +90,12 @@ def test_queued_reports_stop_once_the_api_says_the_attempt_has_ended(api: Api) -
     api.status = 401  # the attempt ended (or its job was cancelled): later ones would be too
     api.answer.clear()
 
-    for step in (1, 2, 3):
-        reporter.metrics(step, loss=1.0)
+    reporter.metrics(1, loss=1.0)
+    reporter.flush(timeout_s=0.5)  # step 1 is sent; its answer is held
+    for step in (2, 3):
+        reporter.metrics(step, loss=1.0)  # queued behind it
     api.answer.set()
     reporter.flush()
 
-    assert [body["step"] for _kind, body in api.received] == [1]
+    assert [[p["step"] for p in points] for _kind, points in api.received] == [[1]]
     assert not reporter.enabled

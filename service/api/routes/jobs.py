@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
@@ -20,6 +20,7 @@ from service.api.deps import (
     submitter_of,
 )
 from service.api.errors import error_responses
+from service.api.job_progress import NoSuchJob, ProgressHub, Seen
 from service.api.schemas import (
     AttemptPublic,
     CheckpointPublic,
@@ -29,6 +30,7 @@ from service.api.schemas import (
     JobsPublic,
     LogsPublic,
     MetricPublic,
+    ProgressPublic,
 )
 from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
 from service.contained_files import NotContained
@@ -56,6 +58,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(4
 # A job's detail carries at most this many of its latest events, metrics and checkpoints, so
 # its size is bounded however long the job runs; /metrics pages through every point.
 DETAIL_ROWS = 10_000
+WAIT_MAX_S = 25.0  # a long poll's longest hold
+WAIT_SHARE_OF_DEADLINE = 0.8
 IDEMPOTENCY_KEY_MAX = 255
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"  # printable ASCII: PostgreSQL text cannot hold a NUL
 
@@ -353,6 +357,55 @@ def job_metrics(
     query = select(MetricPoint).where(MetricPoint.job_id == job.id, col(MetricPoint.id) > after_id)
     points = session.exec(query.order_by(col(MetricPoint.id)).limit(limit)).all()
     return [MetricPublic.model_validate(p) for p in points]
+
+
+@router.get("/{job_id}/wait", response_model=ProgressPublic, responses=error_responses(404))
+async def wait_for_job(
+    job_id: str,
+    request: Request,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    seen_status: Annotated[
+        JobStatus | None, Query(alias="status", description="the status last seen")
+    ] = None,
+    events_after: Annotated[
+        int, Query(ge=0, le=INT32_MAX, description="the id of the newest event seen")
+    ] = 0,
+    metrics_after: Annotated[
+        int, Query(ge=0, le=INT32_MAX, description="the id of the newest metric point seen")
+    ] = 0,
+    timeout_s: Annotated[
+        float, Query(ge=1, le=WAIT_MAX_S, description="answer unchanged after this long")
+    ] = WAIT_MAX_S,
+) -> ProgressPublic:
+    """Held until the job moves past what the caller has seen (a new status or event at once,
+    new metrics within a second) or until ``timeout_s``, then where it stands. A job that has
+    ended answers at once."""
+    await run_in_threadpool(_visible_then_released, session, user, job_id)
+    hub: ProgressHub = request.app.state.progress_hub
+    seen = Seen(seen_status, events_after, metrics_after)
+    # Answered inside the request deadline (the middleware would cut a longer hold with 504).
+    timeout = min(timeout_s, settings.api.request_deadline_s * WAIT_SHARE_OF_DEADLINE)
+    try:
+        changed, progress = await hub.wait(job_id, seen, timeout)
+    except NoSuchJob as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found") from exc
+    return ProgressPublic(
+        changed=changed,
+        status=progress.status,
+        last_event_id=progress.last_event_id,
+        last_metric_id=progress.last_metric_id,
+    )
+
+
+def _visible_then_released(session: Session, user: User, job_id: str) -> None:
+    """404 unless the caller may see the job; then the session's connection goes back to the
+    pool, so a held request holds none (the hub reads for every waiter at once)."""
+    try:
+        _visible_job(session, user, job_id)
+    finally:
+        session.close()
 
 
 @router.get(
