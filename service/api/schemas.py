@@ -8,10 +8,11 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
-from service.core.limits import INT32_MAX, INT64_MAX, Text
+from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import MAX_SAVE_SECONDS
+from service.core.text import Text
 
 Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
 

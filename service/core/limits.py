@@ -6,9 +6,7 @@ user-sized number would otherwise end in a 500 or a stuck worker).
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
-
-from pydantic import AfterValidator, Field
+from typing import Any
 
 INT32_MAX = 2**31 - 1  # an INTEGER column (steps, ids, quotas)
 INT64_MAX = 2**63 - 1  # a BIGINT column (bytes)
@@ -27,10 +25,6 @@ def no_nul(text: str) -> str:
     if "\x00" in text:
         raise ValueError("must not contain NUL bytes")
     return text
-
-
-# Text that reaches a file, a process's arguments or environment, or PostgreSQL.
-Text = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(no_nul)]
 
 
 def plain_document(value: Any, path: str = "", depth: int = 0) -> Any:

@@ -31,10 +31,10 @@ from service.core.limits import (
     MAX_LAYERS,
     MAX_PARAMETERS,
     MAX_TOKENS,
-    Text,
     plain_document,
 )
 from service.core.stopping import MAX_GRACE_S
+from service.core.text import Text
 
 # DNS-1123 label, shortened so that suffixes like "-a12-w3" still fit in 63 characters.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
