@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api.job_progress import release_waiters
 from service.settings import get_settings
 
 logger = logging.getLogger("zeropilot.api")
@@ -105,6 +106,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         self._start_head_timer()
+
+    def shutdown(self) -> None:
+        release_waiters()  # held long polls answer now, not after the graceful timeout
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()

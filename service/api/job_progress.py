@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,20 @@ class NoSuchJob(Exception):
     """The job waited on is no longer there."""
 
 
+class ShuttingDown(Exception):
+    """The API process is stopping before the job's progress was read: ask again."""
+
+
+_HUBS: weakref.WeakSet[ProgressHub] = weakref.WeakSet()
+
+
+def release_waiters() -> None:
+    """Answer every held long poll of this process now (the server is shutting down: it
+    would otherwise wait for them until its graceful timeout). Call it on the event loop."""
+    for hub in list(_HUBS):
+        hub.release()
+
+
 class ProgressHub:
     """One API process's long polls: a tick task runs while any request waits."""
 
@@ -78,6 +93,13 @@ class ProgressHub:
         self._ticked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._released = False
+        _HUBS.add(self)
+
+    def release(self) -> None:
+        """Answer the waiting requests at once, and every later one without holding it."""
+        self._released = True
+        self._ticked.set()
 
     async def wait(self, job_id: str, seen: Seen, timeout_s: float) -> tuple[bool, Progress]:
         """``(True, progress)`` once the job has news for the caller, else ``(False, the
@@ -97,10 +119,14 @@ class ProgressHub:
                         await asyncio.wait_for(ticked.wait(), with_time)
                 progress = self._progress(job_id)
                 if progress is None:  # not read yet: the request came between two ticks
+                    if self._released:
+                        raise ShuttingDown(job_id)
                     if loop.time() < deadline:
                         continue
                     raise NoSuchJob(job_id)
                 found = news(progress, seen)
+                if self._released:
+                    return found is not None, progress
                 now = loop.time()
                 if found == "event" or (hold_until is not None and now >= hold_until):
                     return True, progress

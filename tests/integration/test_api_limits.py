@@ -26,6 +26,7 @@ from service.api.app import create_app
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
 from tests.integration.helpers import REPO, auth, tiny_spec
+from zeropilot.up import SHUTDOWN_GRACE_S
 
 INF, NAN = float("inf"), float("nan")  # sent as the Infinity and NaN that Python's json writes
 
@@ -323,6 +324,57 @@ def test_the_api_stops_on_sigterm_while_a_request_is_stuck() -> None:
         assert server.wait(timeout=120) == 143  # it stops: uvicorn's grace, then abandoned
     finally:
         server.kill()
+
+
+HOLDING_SERVER = """
+import signal, sys
+from fastapi import FastAPI
+from service.api.job_progress import ProgressHub, Seen
+from service.core.states import JobStatus
+from service.db.jobs import Progress
+from zeropilot.up import _raise_interrupt, abandon_stuck_requests, serve_api
+
+hub = ProgressHub(lambda ids: {i: Progress(JobStatus.RUNNING, 1, 0) for i in ids})
+app = FastAPI()
+
+@app.get("/wait")
+async def wait() -> dict[str, bool]:
+    changed, _ = await hub.wait("j1", Seen(JobStatus.RUNNING, 1, 0), timeout_s=60)
+    return {"changed": changed}
+
+signal.signal(signal.SIGTERM, _raise_interrupt)  # as zeropilot up does
+try:
+    serve_api(app, "127.0.0.1", int(sys.argv[1]))
+finally:
+    abandon_stuck_requests(143)
+"""
+
+
+def test_a_held_long_poll_is_answered_when_the_api_stops() -> None:
+    """uvicorn would give it the whole graceful timeout (5 s under zeropilot up): the
+    shutdown answers it at once, unchanged, and the process exits without abandoning it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", HOLDING_SERVER, str(port)], cwd=REPO)
+    answers: list[httpx.Response] = []
+    try:
+        _wait_until_listening(port)
+        asking = threading.Thread(
+            target=lambda: answers.append(httpx.get(f"http://127.0.0.1:{port}/wait", timeout=90))
+        )
+        asking.start()
+        time.sleep(1)  # held by the hub: nothing moves for 60 s
+        server.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        code = server.wait(timeout=60)
+        stopped_in = time.monotonic() - stopping
+        asking.join(timeout=60)
+    finally:
+        server.kill()
+    assert [(a.status_code, a.json()) for a in answers] == [(200, {"changed": False})]
+    assert code == 0, "nothing was left running to abandon"
+    assert stopped_in < SHUTDOWN_GRACE_S, f"stopped in {stopped_in:.1f} s, not at the grace"
 
 
 def _wait_until_listening(port: int) -> None:

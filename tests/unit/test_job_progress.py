@@ -72,3 +72,22 @@ def test_an_unknown_job_and_a_failed_read_reach_the_waiter() -> None:
 
     with pytest.raises(ConnectionError):
         asyncio.run(ProgressHub(lost, tick_s=0.01).wait("j0", SEEN, timeout_s=2))
+
+
+def test_a_release_answers_the_held_waits_at_once_unchanged() -> None:
+    """As the API shuts down: uvicorn would otherwise hold them to its graceful timeout."""
+    jobs = Jobs(1)
+    hub = ProgressHub(jobs.read, tick_s=0.05)
+
+    async def scenario() -> tuple[float, tuple[bool, Progress]]:
+        loop = asyncio.get_running_loop()
+        held = asyncio.ensure_future(hub.wait("j0", SEEN, timeout_s=20))
+        await asyncio.sleep(0.3)
+        released_at = loop.time()
+        hub.release()  # what release_waiters() does to every hub of the process
+        answer = await asyncio.wait_for(held, 5)
+        return loop.time() - released_at, answer
+
+    took, (changed, progress) = asyncio.run(scenario())
+    assert not changed and progress == jobs.now["j0"]
+    assert took < 1, "answered at the release, not at its timeout"

@@ -20,7 +20,7 @@ from service.api.deps import (
     submitter_of,
 )
 from service.api.errors import error_responses
-from service.api.job_progress import NoSuchJob, ProgressHub, Seen
+from service.api.job_progress import NoSuchJob, ProgressHub, Seen, ShuttingDown
 from service.api.schemas import (
     AttemptPublic,
     CheckpointPublic,
@@ -391,6 +391,12 @@ async def wait_for_job(
         changed, progress = await hub.wait(job_id, seen, timeout)
     except NoSuchJob as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found") from exc
+    except ShuttingDown as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail="the API is stopping; ask again",
+            headers={"Retry-After": "1"},
+        ) from exc
     return ProgressPublic(
         changed=changed,
         status=progress.status,
