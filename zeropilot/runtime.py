@@ -40,8 +40,9 @@ STOPPED_EXIT_CODE = 75
 # new ones are dropped, not the training slowed.
 QUEUED_REPORTS_MAX = 10_000
 FLUSH_S = 10.0  # how long the process's exit, or a report after metrics, waits for them
-# Metrics gather this long after a point, then leave together: a job stepping ten times a
-# second costs the API one request a second. A checkpoint, a failure or the exit sends at once.
+# Metrics leave at most one request this often: a job stepping ten times a second costs the
+# API one request a second; a point after a quiet second leaves at once. A checkpoint, a
+# failure or the exit sends what has gathered at once.
 BATCH_S = 1.0
 POINTS_PER_REQUEST = 1000  # the API's most per request (METRIC_POINTS_PER_REPORT)
 
@@ -202,37 +203,20 @@ class Reporter:
             self._warn_once(f"{QUEUED_REPORTS_MAX} reports not sent yet: dropping new ones")
 
     def _send_queued(self) -> None:
-        """Send the points in batches: those that gather within ``BATCH_S`` of the first (or
-        until a flush) leave in one request."""
+        """Send the points at most one request every ``BATCH_S``: a point after a quiet
+        second leaves at once, those that come within the second after it leave together (a
+        flush sends what has gathered without waiting)."""
         assert self._queued is not None
+        last_sent = -math.inf
         while True:
-            points, taken = self._gather(self._queued)
+            points, taken = _gather(self._queued, until=last_sent + BATCH_S)
             try:
                 if points:
                     self._send("metrics/batch", points)
+                    last_sent = time.monotonic()
             finally:
                 for _ in range(taken):
                     self._queued.task_done()
-
-    @staticmethod
-    def _gather(
-        waiting: queue.Queue[dict[str, Any] | None],
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The next batch of points, and how many queue items it took (a flush's marker too)."""
-        points: list[dict[str, Any]] = []
-        item, taken = waiting.get(), 1
-        until = time.monotonic() + BATCH_S
-        while item is not None:
-            points.append(item)
-            left = until - time.monotonic()
-            if len(points) >= POINTS_PER_REQUEST or left <= 0:
-                break
-            try:
-                item = waiting.get(timeout=left)
-            except queue.Empty:
-                break
-            taken += 1
-        return points, taken
 
     def _post(self, kind: str, payload: dict[str, Any]) -> None:
         """Send a report now, after the metrics queued before it (the order they happened)."""
@@ -267,6 +251,27 @@ class Reporter:
         if not self._warned:  # one warning, not one per step
             print(f"zeropilot: {message}", file=sys.stderr, flush=True)
             self._warned = True
+
+
+def _gather(
+    waiting: queue.Queue[dict[str, Any] | None], until: float
+) -> tuple[list[dict[str, Any]], int]:
+    """The next batch: the next point, then those that come until ``until`` (the monotonic
+    clock; if past, only those already queued) or a flush's marker; and how many queue items
+    it took (the marker too)."""
+    points: list[dict[str, Any]] = []
+    item, taken = waiting.get(), 1
+    while item is not None:
+        points.append(item)
+        if len(points) >= POINTS_PER_REQUEST:
+            break
+        left = until - time.monotonic()
+        try:
+            item = waiting.get(timeout=left) if left > 0 else waiting.get_nowait()
+        except queue.Empty:
+            break
+        taken += 1
+    return points, taken
 
 
 def _rank() -> int:
