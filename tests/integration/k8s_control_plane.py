@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.stack import free_port
 from tests.integration.k8s_kubelet import FakeKubelet
 
 ADMIN_TOKEN = "zeropilot-test-admin"
@@ -56,12 +56,6 @@ ADMISSION = (
     "OwnerReferencesPermissionEnforcement,Priority,NodeRestriction"
 )
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)

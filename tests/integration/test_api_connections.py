@@ -28,6 +28,7 @@ from typing import TypeVar
 import pytest
 
 from service.db.migrate import upgrade
+from tests.e2e.stack import free_port
 from tests.integration.helpers import auth, three_users
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,12 +47,6 @@ class Api:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
         line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
         return int(line.split()[1]) / 1024
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_api(tmp: Path, open_files: int | None = None, **api_settings: str) -> Api:

@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.security import attempt_token
 from service.settings import AuthSettings, DatabaseSettings, Settings
+from tests.e2e.stack import free_port
 from tests.integration.helpers import REPO, auth, tiny_spec
 from zeropilot.up import SHUTDOWN_GRACE_S
 
@@ -311,13 +312,9 @@ finally:
 
 
 def test_the_api_stops_on_sigterm_while_a_request_is_stuck() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-c", STUCK_SERVER, str(port)], cwd=REPO)
+    server, port = _serving(STUCK_SERVER)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_listening(port)
         threading.Thread(target=_ask_and_ignore, args=(f"{url}/stuck",), daemon=True).start()
         time.sleep(1)  # the request reaches its handler
         server.send_signal(signal.SIGTERM)
@@ -353,13 +350,9 @@ finally:
 def test_a_held_long_poll_is_answered_when_the_api_stops() -> None:
     """uvicorn would give it the whole graceful timeout (5 s under zeropilot up): the
     shutdown answers it at once, unchanged, and the process exits without abandoning it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-c", HOLDING_SERVER, str(port)], cwd=REPO)
+    server, port = _serving(HOLDING_SERVER)
     answers: list[httpx.Response] = []
     try:
-        _wait_until_listening(port)
         asking = threading.Thread(
             target=lambda: answers.append(httpx.get(f"http://127.0.0.1:{port}/wait", timeout=90))
         )
@@ -375,6 +368,18 @@ def test_a_held_long_poll_is_answered_when_the_api_stops() -> None:
     assert [(a.status_code, a.json()) for a in answers] == [(200, {"changed": False})]
     assert code == 0, "nothing was left running to abandon"
     assert stopped_in < SHUTDOWN_GRACE_S, f"stopped in {stopped_in:.1f} s, not at the grace"
+
+
+def _serving(script: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``script`` run with a free port as its argument, once something listens there."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", script, str(port)], cwd=REPO)
+    try:
+        _wait_until_listening(port)
+    except AssertionError:
+        server.kill()
+        raise
+    return server, port
 
 
 def _wait_until_listening(port: int) -> None:

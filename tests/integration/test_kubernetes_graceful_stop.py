@@ -12,7 +12,6 @@ pod as a runtime does: SIGTERM to the container's main process, SIGKILL after th
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from service.db.session import get_engine
 from service.db.transitions import move_job
 from service.db.users import create_user, user_by_token
 from service.settings import ApiSettings, AuthSettings, DatabaseSettings, Settings
+from tests.e2e.stack import free_port
 from tests.integration import test_kubernetes_backend as backend_tests
 from tests.integration.helpers import tiny_spec
 from tests.integration.k8s_control_plane import ControlPlane
@@ -78,12 +78,6 @@ PLAN = {
         "steps_per_print": 100_000,
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
