@@ -69,6 +69,17 @@ class HeldGpus(SQLModel, table=True):
     gpus: int = 0
 
 
+class ClusterBound(SQLModel, table=True):
+    """A limit on a cluster's GPUs that zeropilot did not set and a worker read there (a
+    Kubernetes namespace's ResourceQuota): admission bounds the cluster by it as by the
+    profile's ``max_gpus``. One row per cluster, replaced at each read, gone once none applies."""
+
+    cluster: str = Field(primary_key=True, max_length=64)
+    gpus: int
+    source: str = Field(max_length=500)  # in words, e.g. "namespace quota ml/gpus: requests...=16"
+    observed_at: datetime = Field(default_factory=utcnow)
+
+
 class User(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(unique=True, index=True, max_length=64)
