@@ -22,6 +22,7 @@ from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from service.core.waiting_placement import Hysteresis, move_to, moved_words, settled_since
 from service.db.admission import WAITING_PREFIX, refusal
+from service.db.cluster_bounds import caps_of
 from service.db.jobs import attempts_of
 from service.db.models import Job, Team, User, utcnow
 from service.db.placement import expected_start_s, move_waiting_job, waiting_auto_jobs
@@ -100,17 +101,18 @@ def _options_now(
     of it failed, where it could never be admitted)."""
     kept, left_out = movable(list(profiles.values()), failed, profiles.get(job.cluster), False)
     borrowing = settings.scheduling.borrowing
+    caps = caps_of(session, {p.name: p for p in kept})
     refused = {
         p.name: Option(p.name, ruled_out=why)
         for p in kept
-        if (why := refusal(caller, p.name, job.gpus, p.max_gpus, borrowing))
+        if (why := refusal(caller, p.name, job.gpus, caps[p.name], borrowing))
     }
     starts: dict[str, float | None] = {}
 
     def start_in(profile: ClusterProfile) -> float | None:
         if profile.name not in starts:
             starts[profile.name] = expected_start_s(
-                session, caller, profile.name, job.gpus, profile.max_gpus, excluding=job.id
+                session, caller, profile.name, job.gpus, caps[profile.name], excluding=job.id
             )
         return starts[profile.name]
 

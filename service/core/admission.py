@@ -6,8 +6,10 @@ apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished
 - a team's quota: what one team may hold at once (None: no limit); a job over it waits, and
   other teams' jobs go by;
 - a cluster's cap: what zeropilot admits onto one cluster (None: no limit, the cluster's own
-  scheduler queues). A job over it waits, and so does every job ordered after it on that
-  cluster: no backfill, so a large job is never starved by a stream of small ones.
+  scheduler queues): the profile's ``max_gpus``, or lower where the cluster itself limits
+  zeropilot (a Kubernetes namespace's GPU quota, ``Cap.source`` names it). A job over it
+  waits, and so does every job ordered after it on that cluster: no backfill, so a large job
+  is never starved by a stream of small ones.
 
 Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
 GPUs per share unit first (recomputed after each admission, so two teams with equal shares
@@ -56,10 +58,27 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class Cap:
+    """What zeropilot admits onto one cluster at once, in GPUs (None: no limit), and, when a
+    limit of the cluster's own set it, that limit in words."""
+
+    gpus: int | None = None
+    source: str = ""  # e.g. "namespace quota ml/gpus: requests.nvidia.com/gpu=16"
+
+
+def bounded_cap(max_gpus: int | None, bound: int | None, source: str) -> Cap:
+    """The lower of the profile's ``max_gpus`` and a limit read on the cluster (``source``)."""
+    if bound is None or (max_gpus is not None and max_gpus <= bound):
+        return Cap(max_gpus)
+    return Cap(bound, source)
+
+
+@dataclass(frozen=True)
 class Limits:
     team_quota: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
     team_share: dict[str, int] = field(default_factory=dict)  # fair-share weight; absent: 1
     cluster_cap: dict[str, int | None] = field(default_factory=dict)  # GPUs; absent: no limit
+    cap_source: dict[str, str] = field(default_factory=dict)  # a cap the cluster set, in words
     borrowing: bool = False  # may a team run past its quota on GPUs no one else uses now
     team_borrow_limit: dict[str, int | None] = field(default_factory=dict)  # absent: no limit
     # A requeued victim goes after the job it was stopped for (False: the Kueue-like baseline
@@ -74,6 +93,18 @@ class Limits:
             return cap
         quotas = [q for q in self.team_quota.values() if q is not None]
         return sum(quotas) if quotas else None
+
+    @classmethod
+    def of_caps(cls, caps: dict[str, Cap], **limits: Any) -> Limits:
+        """Limits whose cluster caps are ``caps``."""
+        cluster_cap = {name: cap.gpus for name, cap in caps.items()}
+        sources = {name: cap.source for name, cap in caps.items() if cap.source}
+        return cls(cluster_cap=cluster_cap, cap_source=sources, **limits)
+
+    def cap_words(self, cluster: str) -> str:
+        """The limit that set the cluster's cap, in parentheses, when the cluster set it."""
+        source = self.cap_source.get(cluster)
+        return f" ({source})" if source else ""
 
     def in_pool(self, team: str) -> bool:
         """Whether the team's GPUs count in the nominal pool (where no cluster cap is set)."""
@@ -221,8 +252,8 @@ def _over_cap(job: Waiting, by_cluster: dict[str, int], limits: Limits) -> str |
     held = by_cluster.get(job.cluster, 0)
     if cap is not None and held + job.gpus > cap:
         return (
-            f"cluster {job.cluster} has {held} of its {cap} GPUs admitted; "
-            f"this job needs {job.gpus}"
+            f"cluster {job.cluster} has {held} of its {cap} GPUs admitted"
+            f"{limits.cap_words(job.cluster)}; this job needs {job.gpus}"
         )
     return None
 
@@ -234,5 +265,8 @@ def never_fits(gpus: int, team: str, cluster: str, limits: Limits) -> str | None
         return f"the job needs {gpus} GPUs and team {team}'s quota is {quota}"
     cap = limits.cluster_cap.get(cluster)
     if cap is not None and gpus > cap:
-        return f"the job needs {gpus} GPUs and zeropilot admits at most {cap} on {cluster}"
+        return (
+            f"the job needs {gpus} GPUs and zeropilot admits at most {cap} on {cluster}"
+            f"{limits.cap_words(cluster)}"
+        )
     return None

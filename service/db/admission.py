@@ -20,10 +20,11 @@ from sqlalchemy import Row, exists, func, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
-from service.core.admission import Held, Limits, Waiting, admit, never_fits
+from service.core.admission import Cap, Held, Limits, Waiting, admit, never_fits
 from service.core.clusters import ClusterProfile
 from service.core.preemption import borrow_backoff
 from service.core.states import JobStatus
+from service.db.cluster_bounds import cap_of, caps_of
 from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
 from service.db.models import AdmissionTurn, HeldGpus, Job, Team, as_utc, utcnow
@@ -34,12 +35,15 @@ WAITING_PREFIX = "waiting: "
 
 
 def limits_of(
-    teams: Sequence[Team], profiles: dict[str, ClusterProfile], borrowing: bool = False
+    session: Session,
+    teams: Sequence[Team],
+    profiles: dict[str, ClusterProfile],
+    borrowing: bool = False,
 ) -> Limits:
-    return Limits(
+    return Limits.of_caps(
+        caps_of(session, profiles),
         team_quota={team.name: team.gpu_quota for team in teams},
         team_share={team.name: team.gpu_share for team in teams},
-        cluster_cap={name: profile.max_gpus for name, profile in profiles.items()},
         borrowing=borrowing,
         team_borrow_limit={team.name: team.borrow_limit for team in teams},
     )
@@ -56,7 +60,7 @@ def decide_submitted(
     cluster: str,
     gpus: int,
     priority: int,
-    cap: int | None,
+    cap: Cap,
     borrowing: bool = False,
 ) -> str | None:
     """Whether a job about to be stored may be admitted at once: None if so (store it QUEUED
@@ -65,7 +69,7 @@ def decide_submitted(
     Without a team quota or a cluster cap nothing can hold it back, and no statement is needed.
     Otherwise the decision takes the admission turn (held until the commit, so the job is in
     the table before the next decision) and reads the counters in one statement."""
-    if caller.gpu_quota is None and cap is None:
+    if caller.gpu_quota is None and cap.gpus is None:
         return None
     _take_turn(session)
     return would_wait(session, caller, cluster, gpus, priority, cap, borrowing)
@@ -77,7 +81,7 @@ def would_wait(
     cluster: str,
     gpus: int,
     priority: int,
-    cap: int | None,
+    cap: Cap,
     borrowing: bool = False,
     moving_from: str | None = None,
 ) -> str | None:
@@ -85,23 +89,23 @@ def would_wait(
     asks it of every cluster; ``decide_submitted`` asks it under the admission turn). A job
     ``moving_from`` another cluster still holds its GPUs there, which it gives up as it moves."""
     team = caller.team_name
-    if caller.gpu_quota is None and cap is None:
+    if caller.gpu_quota is None and cap.gpus is None:
         return None
     held, team_waits, cluster_waits = submit_view(session, caller, cluster)
     if moving_from is not None:  # its own GPUs are no limit to it
         held.by_team[team] -= gpus
         if cluster == moving_from:
             held.by_cluster[cluster] -= gpus
-    limits = Limits(team_quota={team: caller.gpu_quota}, cluster_cap={cluster: cap})
+    limits = Limits.of_caps({cluster: cap}, team_quota={team: caller.gpu_quota})
     new = Waiting("new", team, cluster, gpus, priority, utcnow())
     if why := admit([new], held, limits).waiting.get("new"):
         return why
     # Another job waits where it shares a limit with this one: the full pass orders them.
     if caller.gpu_quota is not None and team_waits:
         return f"other jobs of team {team} wait too; the next admission pass orders them"
-    if cap is not None and cluster_waits:
+    if cap.gpus is not None and cluster_waits:
         return f"other jobs wait for cluster {cluster}; the next admission pass orders them"
-    if borrowing and cap is None and caller.gpu_quota is not None:
+    if borrowing and cap.gpus is None and caller.gpu_quota is not None:
         return _pool_full(session, gpus, held_already=gpus if moving_from is not None else 0)
     return None
 
@@ -117,9 +121,8 @@ def wait_reasons(
     """``would_wait`` per cluster, as placement asks it ("": it would start now)."""
 
     def waits(profile: ClusterProfile) -> str:
-        why = would_wait(
-            session, caller, profile.name, gpus, priority, profile.max_gpus, borrowing, moving_from
-        )
+        cap = cap_of(session, profile)
+        why = would_wait(session, caller, profile.name, gpus, priority, cap, borrowing, moving_from)
         return why or ""
 
     return waits
@@ -200,7 +203,8 @@ def admit_pending(
     teams = session.exec(select(Team)).all()
     names = {team.id: team.name for team in teams if team.id is not None}
     waiting = [as_waiting(job, names, backoff_s) for job in pending]
-    decision = admit(waiting, held(session, names), limits_of(teams, profiles, borrowing))
+    limits = limits_of(session, teams, profiles, borrowing)
+    decision = admit(waiting, held(session, names), limits)
     launches = [
         attempt_id
         for job_id in decision.admitted
@@ -239,13 +243,13 @@ def any_waiting(session: Session) -> bool:
 
 
 def refusal(
-    caller: Caller, cluster: str, gpus: int, cap: int | None, borrowing: bool = False
+    caller: Caller, cluster: str, gpus: int, cap: Cap, borrowing: bool = False
 ) -> str | None:
     """Why a job of ``gpus`` GPUs could never be admitted in the caller's team, or None (with
     borrowing, a job larger than its team's quota may still run on lent GPUs)."""
     team = caller.team_name
     quota = None if borrowing else caller.gpu_quota
-    limits = Limits(team_quota={team: quota}, cluster_cap={cluster: cap})
+    limits = Limits.of_caps({cluster: cap}, team_quota={team: quota})
     return never_fits(gpus, team, cluster, limits)
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import case, func, or_, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
-from service.core.admission import HOLDING
+from service.core.admission import HOLDING, Cap
 from service.core.states import AttemptStatus, JobStatus
 from service.db.admission import WAITING_PREFIX, submit_view
 from service.db.models import Attempt, Job, JobEvent, MetricPoint, utcnow
@@ -28,7 +28,7 @@ def expected_start_s(
     caller: Caller,
     cluster: str,
     gpus: int,
-    cap: int | None,
+    cap: Cap,
     excluding: str | None = None,
 ) -> float | None:
     """Seconds until a job of ``gpus`` GPUs of the caller's team would start on ``cluster``:
@@ -41,9 +41,9 @@ def expected_start_s(
         free = caller.gpu_quota - held.by_team[caller.team_name]
         need = gpus + _waiting_gpus(session, team, excluding)
         starts.append(start_in_s(session, team, need - free))
-    if cap is not None:
+    if cap.gpus is not None:
         on_cluster = col(Job.cluster) == cluster
-        free = cap - held.by_cluster[cluster]
+        free = cap.gpus - held.by_cluster[cluster]
         need = gpus + _waiting_gpus(session, on_cluster, excluding)
         starts.append(start_in_s(session, on_cluster, need - free))
     if any(start is None for start in starts):

@@ -54,7 +54,7 @@ def choose_stops(
         key=lambda w: (-w.priority, w.submitted_at, w.job_id),
     )
     running = running_jobs(session, names)
-    limits = limits_of(teams, profiles, borrowing)
+    limits = limits_of(session, teams, profiles, borrowing)
     usage = held(session, names)
     for waiting in pending[:LINE]:
         if chosen := choose_victims(waiting, running, usage, limits, now, policy):

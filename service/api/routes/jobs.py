@@ -34,6 +34,7 @@ from service.api.schemas import (
 )
 from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
 from service.contained_files import NotContained
+from service.core.admission import Cap
 from service.core.advice_memo import advise_once
 from service.core.advisor import NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
@@ -43,6 +44,7 @@ from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
 from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, wait_reasons
+from service.db.cluster_bounds import cap_of, caps_of
 from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
 from service.db.placement import expected_start_s
@@ -117,12 +119,15 @@ def submit(
             profile, placed = _place(session, caller, settings, spec)
         else:
             profile, placed = _profile_for(settings, spec), ""
-        if reads is engine or (caller.gpu_quota is None and profile.max_gpus is None):
+        cap = cap_of(session, profile)
+        if reads is engine or (caller.gpu_quota is None and cap.gpus is None):
             return _store_submitted(
-                session, caller, spec, profile, settings, idempotency_key, placed
+                session, caller, spec, profile, cap, settings, idempotency_key, placed
             )
     with Session(engine) as session:  # a limit applies: decided and written in one transaction
-        return _store_submitted(session, caller, spec, profile, settings, idempotency_key, placed)
+        return _store_submitted(
+            session, caller, spec, profile, cap, settings, idempotency_key, placed
+        )
 
 
 def _place(
@@ -138,15 +143,16 @@ def _place(
     gpus = spec.resources.world_size
     borrowing = settings.scheduling.borrowing
     waits = wait_reasons(session, caller, gpus, spec.priority, borrowing)
+    caps = caps_of(session, profiles)
     refused = {
         name: Option(name, ruled_out=why)
-        for name, profile in profiles.items()
-        if (why := refusal(caller, name, gpus, profile.max_gpus, borrowing))
+        for name in profiles
+        if (why := refusal(caller, name, gpus, caps[name], borrowing))
     }
     eligible = [p for name, p in profiles.items() if name not in refused]
 
     def start_in(profile: ClusterProfile) -> float | None:
-        return expected_start_s(session, caller, profile.name, gpus, profile.max_gpus)
+        return expected_start_s(session, caller, profile.name, gpus, caps[profile.name])
 
     options_there = plan_everywhere(spec, eligible, advise_once, waits, start_in)
     planned = {o.cluster: o for o in options_there}
@@ -164,6 +170,7 @@ def _store_submitted(
     caller: Caller,
     spec: JobSpec,
     profile: ClusterProfile,
+    cap: Cap,
     settings: Settings,
     idempotency_key: str | None,
     placed: str = "",
@@ -179,7 +186,7 @@ def _store_submitted(
             raise _unprocessable("checkpoint.dir", outside_roots(folder, team, roots))
     gpus = spec.resources.nodes * spec.resources.gpus_per_node
     borrowing = settings.scheduling.borrowing
-    if why := refusal(caller, profile.name, gpus, profile.max_gpus, borrowing):
+    if why := refusal(caller, profile.name, gpus, cap, borrowing):
         raise _unprocessable("resources", why)
     try:
         with ADVISOR_SECONDS.labels("/v1/jobs").time():
@@ -194,7 +201,7 @@ def _store_submitted(
         profile.name,
         gpus,
         spec.priority,
-        cap=profile.max_gpus,
+        cap=cap,
         borrowing=borrowing,
     )
     try:
