@@ -54,6 +54,9 @@ class WorkerSettings(BaseModel):
     # and never exceed the lease (after which the sweep would send the launch again anyway).
     launch_max_tries: int = Field(default=3, ge=1, le=100)
     launch_retry_delay_s: float = Field(default=5.0, gt=0)
+    # How often a reconcile pass reads a Kubernetes namespace's GPU quota, which bounds what
+    # admission starts there (workers.cluster_bounds).
+    cluster_bound_interval_s: float = Field(default=30.0, gt=0)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
     # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

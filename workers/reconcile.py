@@ -42,6 +42,7 @@ from service.tasks import LAUNCH_ATTEMPT, send_task
 from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
 from workers.backends.calls import calls_sent
+from workers.cluster_bounds import read_cluster_bounds
 from workers.disruption import requeue_preempted, retry_after_disruption
 from workers.escalate import escalate
 from workers.retention import jobs_with_unchecked_checkpoints, retain
@@ -80,6 +81,10 @@ def reconcile(settings: Settings) -> None:
 
 def _reconcile_pass(settings: Settings, holder: str) -> None:
     started = time.monotonic()
+    try:
+        read_cluster_bounds(settings)
+    except Exception:  # a bound unread keeps the last one; the pass goes on
+        log.exception("reading the clusters' GPU limits failed")
     try:
         for attempt_id in _admit(settings):
             send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)

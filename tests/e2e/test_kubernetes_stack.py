@@ -12,15 +12,19 @@ The job must end SUCCEEDED with the events a user reads. (This profile has no sh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sqlmodel import Session
 
 from service.core.clusters import ClusterProfile
 from service.db.migrate import upgrade
+from service.db.models import ClusterBound
+from service.db.session import get_engine
 from tests.e2e.conftest import user_token
 from tests.e2e.stack import Api, Stack
 from tests.integration.helpers import REPO
@@ -118,3 +122,79 @@ def test_tiny_gpt_on_a_kubernetes_profile_succeeds_with_its_events(
     # The worker's own read of the log: from the node's kubelet, through the API server.
     profile = ClusterProfile.model_validate(kubernetes_profile(kube_control_plane, namespace))
     assert "step    30  loss 0.8000" in kubernetes.logs(profile, attempt["backend_ref"])
+
+
+def test_two_jobs_that_the_namespace_gpu_quota_cannot_hold_at_once_run_in_turn(
+    tmp_path: Path, postgres_url: str, redis_url: str, kube_control_plane: ControlPlane,
+    namespace: str,
+) -> None:  # fmt: skip
+    """The namespace's ResourceQuota allows 16 GPUs and each job asks for 2 nodes x 8: the
+    worker reads the quota, admission starts the first job only, the second waits in
+    zeropilot's queue (no Kubernetes object of its own) with the quota in its reason, and runs
+    once the first has ended. Had both been launched, each could hold half the quota for ever."""
+    kubelet, control = kube_control_plane.kubelet, kube_control_plane.api
+    assert kubelet is not None and control is not None
+    hard = {"requests.nvidia.com/gpu": "16"}
+    body = {"metadata": {"name": "team-gpus"}, "spec": {"hard": hard}}
+    assert control.post(f"/api/v1/namespaces/{namespace}/resourcequotas", json=body).is_success
+    profiles = tmp_path / "clusters.yaml"
+    profile = kubernetes_profile(kube_control_plane, namespace)
+    profiles.write_text(yaml.safe_dump({"clusters": [profile]}))
+    upgrade(postgres_url)
+    stack = Stack(tmp_path / "data", postgres_url, redis_url, clusters__profiles_file=str(profiles))
+    try:
+        stack.start_api()
+        stack.start_worker("w1")
+        _wait_for_bound(postgres_url, PROFILE, stack)
+        api = Api(stack.url, user_token(postgres_url))
+        spec = yaml.safe_load((REPO / "examples" / "tiny-gpt.yaml").read_text())
+        spec["resources"].update(cluster=PROFILE, nodes=2, gpus_per_node=8)
+        spec["training"]["global_batch_size"] = 32  # divisible by 16 ranks
+        spec["image"] = "registry.example/zeropilot-examples:1"
+        spec["working_dir"] = "/workspace/examples"
+        first = api.submit({**spec, "name": "first"})
+        second = api.submit({**spec, "name": "second"})
+
+        launching = api.wait_for(first["id"], {"LAUNCHING", "RUNNING", "FAILED"}, stack, 60)
+        waiting = api.job(second["id"])
+        assert waiting["status"] == "PENDING", waiting
+        quota_words = f"namespace quota {namespace}/team-gpus: requests.nvidia.com/gpu=16"
+        assert waiting["message"] == (
+            f"waiting: cluster {PROFILE} has 16 of its 16 GPUs admitted ({quota_words});"
+            " this job needs 16"
+        )
+        name = launching["attempts"][0]["backend_name"]
+        jobs_there = control.get(f"/apis/batch/v1/namespaces/{namespace}/jobs").json()["items"]
+        assert [j["metadata"]["name"] for j in jobs_there] == [name]  # none for the second
+        _run_and_end(kubelet, namespace, name)
+        assert api.wait_for(first["id"], {"SUCCEEDED", "FAILED"}, stack, 60)["status"] == (
+            "SUCCEEDED"
+        )
+
+        started = api.wait_for(second["id"], {"LAUNCHING", "RUNNING", "FAILED"}, stack, 60)
+        _run_and_end(kubelet, namespace, started["attempts"][0]["backend_name"])
+        done = api.wait_for(second["id"], {"SUCCEEDED", "FAILED"}, stack, 60)
+        assert done["status"] == "SUCCEEDED", (done["message"], stack.logs())
+        print("the second job waited:", waiting["message"])  # for the docs
+    finally:
+        stack.stop()
+
+
+def _wait_for_bound(database_url: str, cluster: str, stack: Stack) -> None:
+    """Until the worker's first pass has recorded the namespace's quota."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with Session(get_engine(database_url)) as session:
+            if session.get(ClusterBound, cluster) is not None:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the worker recorded no bound for {cluster}:\n{stack.logs()}")
+
+
+def _run_and_end(kubelet: FakeKubelet, namespace: str, job_name: str) -> None:
+    """Both nodes' pods start, train and exit 0."""
+    pods = kubelet.wait_for_pods(namespace, job_name, 2, timeout_s=60)
+    kubelet.run(namespace, *pods)
+    for pod in pods:
+        kubelet.set_log(namespace, pod, TRAINING_LOG)
+        kubelet.exit(namespace, pod, 0)

@@ -1148,8 +1148,17 @@ def test_the_deployments_role_grants_everything_a_launch_uses(
     assert running.state == BackendState.RUNNING
     assert "step 1 loss 4.2" in text
     wait_until(lambda: everything(api, ns) == [[]] * 4)
+    elsewhere = k8s_profile(kubeconfig, namespace="default")
     with pytest.raises(PermanentError, match="forbidden"):  # and nothing beyond its namespace
-        kubernetes.submit(launch_request(tmp_path, k8s_profile(kubeconfig, namespace="default")))
+        kubernetes.submit(launch_request(tmp_path, elsewhere))
+    # The namespace's GPU quota, which bounds admission there, is readable with the same rights.
+    assert kubernetes.gpu_bound(profile) is None
+    body = {"metadata": {"name": "team-ml"}, "spec": {"hard": {"requests.nvidia.com/gpu": "16"}}}
+    assert api.post(f"/api/v1/namespaces/{ns}/resourcequotas", json=body).is_success
+    words = f"namespace quota {ns}/team-ml: requests.nvidia.com/gpu=16"
+    assert kubernetes.gpu_bound(profile) == (16, words)
+    with pytest.raises(PermanentError, match="forbidden"):
+        kubernetes.gpu_bound(elsewhere)
     review = {  # the gang timeout suspends a Job with a patch: the Role must allow it
         "spec": {"resourceAttributes": {"namespace": ns, "verb": "patch", "group": "batch",
                                         "resource": "jobs"}},

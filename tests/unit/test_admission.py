@@ -5,7 +5,16 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from service.core.admission import Decision, Held, Limits, Waiting, admit, never_fits
+from service.core.admission import (
+    Cap,
+    Decision,
+    Held,
+    Limits,
+    Waiting,
+    admit,
+    bounded_cap,
+    never_fits,
+)
 
 T0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
@@ -160,3 +169,24 @@ def one_at_a_time(waiting: list[Waiting], held: Held, limits: Limits) -> Decisio
             by_team[best.team] = team_held + best.gpus
             by_cluster[best.cluster] = cluster_held + best.gpus
     return Decision(admitted, reasons)
+
+
+QUOTA = "namespace quota ml/gpus: requests.nvidia.com/gpu=16"
+
+
+def test_a_cluster_limit_lower_than_max_gpus_caps_the_cluster_and_is_named() -> None:
+    assert bounded_cap(32, 16, QUOTA) == Cap(16, QUOTA)
+    assert bounded_cap(None, 16, QUOTA) == Cap(16, QUOTA)
+    assert bounded_cap(8, 16, QUOTA) == Cap(8)  # the profile's own cap is the tighter
+    assert bounded_cap(16, 16, QUOTA) == Cap(16)  # a tie: zeropilot's own setting says
+    assert bounded_cap(8, None, "") == Cap(8)
+
+    limits = Limits.of_caps({"a": Cap(16, QUOTA)})
+    decision = admit([job("j1", "ml", gpus=16), job("j2", "ml", gpus=16, minute=1)], Held(), limits)
+    assert decision.admitted == ["j1"]
+    assert decision.waiting["j2"] == (
+        f"cluster a has 16 of its 16 GPUs admitted ({QUOTA}); this job needs 16"
+    )
+    assert never_fits(24, "ml", "a", limits) == (
+        f"the job needs 24 GPUs and zeropilot admits at most 16 on a ({QUOTA})"
+    )

@@ -59,12 +59,14 @@ from workers.backends.kubernetes_gang import (
     suspension,
 )
 from workers.backends.kubernetes_logs import node_log_on_volume
+from workers.backends.kubernetes_quota import gpu_bound as quota_bound
 from workers.backends.kubernetes_render import (
     ATTEMPT_LABEL,
     CONTAINER,
     JOB_NAME_LABEL,
     MANAGED_BY,
     checked_name,
+    gpu_resource,
     namespace_of,
     render_config_map,
     render_job,
@@ -486,6 +488,21 @@ def _stop_pod(core: Any, pod: Json, grace_s: float) -> None:
                 name, namespace, grace_period_seconds=math.ceil(grace_s), **_RAW
             ),
         )
+
+
+def gpu_bound(profile: ClusterProfile) -> tuple[int, str] | None:
+    """The GPUs the namespace's quota lets zeropilot's pods ask for, and that quota in words;
+    None when no quota limits them. Raises ``PermanentError`` where the worker may not read
+    quotas (its Role lacks ``list`` on resourcequotas): then the profile's ``max_gpus`` says."""
+    namespace = profile.namespace or _own_namespace() or namespace_of(profile)
+    _batch, core = _apis(profile)
+    listed = _json(
+        _call(
+            f"list ResourceQuotas of namespace {namespace}",
+            lambda: core.list_namespaced_resource_quota(namespace, **_RAW),
+        )
+    )
+    return quota_bound(listed.get("items") or [], gpu_resource(profile))
 
 
 def _own_namespace() -> str | None:
