@@ -26,6 +26,7 @@ from sqlmodel import col, select
 
 from service.core.failures import FailureClass
 from service.core.states import AttemptStatus, JobStatus
+from service.db.jobs import NEW_JOB_EVENTS
 from service.db.models import Attempt, Job, JobEvent, Team
 
 log = logging.getLogger(__name__)
@@ -173,12 +174,9 @@ def install_transition_metrics() -> None:
             event.listen(Session, name, listener)
 
 
-def count_new_job_events(
-    session: Session, events: list[dict[str, Any]], cluster: str, team: str
-) -> None:
-    """Count, once the transaction commits, the events of a job written as plain rows (a
-    submit's hot path bypasses the ORM, so the flush listener does not see them)."""
-    session.info.setdefault("zeropilot_seen", []).extend(
+def _plain_rows_seen(session: Session) -> list[_Seen]:
+    """The events of jobs written as plain rows (``service.db.jobs.store_job``)."""
+    return [
         _Seen(
             subject=e["subject"],
             from_status=e["from_status"],
@@ -190,8 +188,9 @@ def count_new_job_events(
             since_submit_s=0.0,  # written with the job
             attempt_number=e["attempt_number"],
         )
+        for events, cluster, team in session.info.pop(NEW_JOB_EVENTS, [])
         for e in events
-    )
+    ]
 
 
 def _collect(session: Session, _context: Any) -> None:
@@ -237,7 +236,7 @@ def _seen(session: Session, row: JobEvent) -> _Seen:
 
 
 def _record(session: Session) -> None:
-    for seen in session.info.pop("zeropilot_seen", []):
+    for seen in [*session.info.pop("zeropilot_seen", []), *_plain_rows_seen(session)]:
         try:
             _count(seen)
         except Exception:
@@ -245,6 +244,7 @@ def _record(session: Session) -> None:
 
 
 def _forget(session: Session, *_args: Any) -> None:
+    session.info.pop(NEW_JOB_EVENTS, None)
     session.info.pop("zeropilot_events", None)
     session.info.pop("zeropilot_seen", None)
 

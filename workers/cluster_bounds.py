@@ -9,13 +9,14 @@ no bound, and the profile's ``max_gpus`` is the only cap there.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
+from types import ModuleType
 
 from service.db.cluster_bounds import BOUNDED_KINDS, record_bound
 from service.db.session import session_scope
 from service.settings import Settings
-from workers.backends import get_backend
 from workers.backends.base import PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def read_cluster_bounds(settings: Settings, force: bool = False) -> None:
         if profile.kind not in BOUNDED_KINDS or not (due or force):
             continue
         try:
-            bound = get_backend(profile.kind).gpu_bound(profile)
+            bound = _backend(profile.kind).gpu_bound(profile)
         except TemporaryError as exc:
             log.warning("the GPU limits of cluster %s are unread for now: %s", profile.name, exc)
             continue
@@ -45,3 +46,9 @@ def read_cluster_bounds(settings: Settings, force: bool = False) -> None:
         _LAST_READ[profile.name] = now
         with session_scope(settings.database_url) as session:
             record_bound(session, profile.name, bound)
+
+
+def _backend(kind: str) -> ModuleType:
+    """The module reading the kind's limits, imported only where such a cluster is set up."""
+    assert kind in BOUNDED_KINDS
+    return importlib.import_module("workers.backends.kubernetes")

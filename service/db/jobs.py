@@ -33,9 +33,10 @@ from service.db.rows import Row, new_row
 from service.db.session import in_autocommit
 from service.db.transitions import admit_on_creation, record_created
 from service.db.users import Caller
-from service.metrics import count_new_job_events
 
 SelectT = TypeVar("SelectT", bound=Select[Any])
+# session.info key: the events of jobs written as plain rows, with their cluster and team.
+NEW_JOB_EVENTS = "zeropilot_new_job_events"
 
 
 class IdempotencyConflict(Exception):
@@ -169,7 +170,8 @@ def store_job(
         if not existing:
             raise
         return _same_spec_or_conflict(existing, digest)
-    count_new_job_events(session, events, job["cluster"], caller.team_name)
+    # Counted by service.metrics once the transaction commits: the hot path bypasses the ORM.
+    session.info.setdefault(NEW_JOB_EVENTS, []).append((events, job["cluster"], caller.team_name))
     return NewJob(job, attempt, events)
 
 

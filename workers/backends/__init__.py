@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:  # not at run time: base imports pydantic, which the supervisor must not
+    from workers.backends import kubernetes, local, slurm
+    from workers.backends.base import Backend
+
+    # mypy proves here that each backend module implements the protocol
+    _CHECKED: tuple[Backend, ...] = (local, slurm, kubernetes)
 
 # By service.core.clusters.BackendKind's values, which are not imported here: the local
 # supervisor, a module of this package started for every attempt, then starts without
@@ -15,9 +22,9 @@ _MODULES = {
 }
 
 
-def get_backend(kind: str) -> ModuleType:
+def get_backend(kind: str) -> Backend:
     """The backend module for a cluster kind, imported on first use."""
     module = _MODULES.get(str(kind))  # a BackendKind member's str is its value
     if module is None:
         raise ValueError(f"no backend for cluster kind {kind!r}")
-    return importlib.import_module(module)
+    return cast("Backend", importlib.import_module(module))
