@@ -52,10 +52,14 @@ from workers.backends.base import (
 from workers.backends.calls import count_call
 from workers.backends.kubernetes_events import failed_create
 from workers.backends.kubernetes_gang import (
-    format_time,
+    Hold,
+    held_while_refused,
     held_while_waiting,
     resumption,
     retry_at,
+    retry_time,
+    suspended_status,
+    suspending_status,
     suspension,
 )
 from workers.backends.kubernetes_logs import node_log_on_volume
@@ -360,23 +364,26 @@ def _not_ended(
     """Why the Job waits, or that it runs; a launch that can never start is ended here."""
     pods = newest_by_index(every_pod)
     cannot_start = launch_error(pods)
+    events: list[Json] = []
     if cannot_start is None and pods_missing(job, pods):
-        cannot_start = failed_create(_job_events(core, job), completions(job))
+        events = _job_events(core, job)
+        cannot_start = failed_create(events, completions(job))
     if cannot_start is not None and cannot_start.state == BackendState.FAILED:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         _delete_attempt(batch, core, namespace, name)  # else its pods hold their nodes for ever
         return cannot_start
     return (
-        cannot_start
-        or _gang_step(batch, profile, job, pods)
+        _gang_step(batch, profile, job, pods, events)
+        or cannot_start
         or active_status(profile, job, pods, every_pod)
     )
 
 
 def _gang_step(
-    batch: Any, profile: ClusterProfile, job: Json, pods: dict[int, Json]
+    batch: Any, profile: ClusterProfile, job: Json, pods: dict[int, Json], events: list[Json]
 ) -> BackendStatus | None:
-    """Suspend a Job whose pods hold GPUs while one cannot be placed; resume it when due."""
+    """Suspend a Job whose pods hold GPUs while another cannot be placed, or is refused by the
+    quota; resume it when due."""
     timeout_s = profile.gang_timeout_s
     if profile.queue is not None or timeout_s is None:
         return None  # Kueue admits whole Jobs; or the profile lets the scheduler wait
@@ -384,31 +391,25 @@ def _gang_step(
     nodes = completions(job)
     due = retry_at(job)
     if due is not None and now < due:
-        reason = (
-            f"suspended: not all {nodes} pods could be placed within {timeout_s} s, so none "
-            f"hold GPUs; zeropilot tries again at {format_time(due)}"
-        )
-        return BackendStatus(BackendState.PENDING, native_state="GangTimeout", reason=reason)
+        return suspended_status(job, now, due, timeout_s)
     if due is not None:
         _patch_job(batch, job, resumption())
         reason = f"trying again to place all {nodes} pods (after a gang timeout)"
         return BackendStatus(BackendState.PENDING, native_state="GangRetry", reason=reason)
-    held = held_while_waiting(pods)
-    if held is None or (now - held[0]).total_seconds() < timeout_s:
+    hold = held_while_refused(pods, events, nodes) or held_while_waiting(pods, nodes)
+    if hold is None or (now - hold.since).total_seconds() < timeout_s:
         return None
-    held_for = (
-        f"{held[1]} of {nodes} pods held GPUs for {timeout_s} s while another could not be "
-        f"placed ({held[2]})"
-    )
+    return _suspend(batch, job, hold, now, retry_time(now, timeout_s))
+
+
+def _suspend(batch: Any, job: Json, hold: Hold, now: datetime, retry: datetime) -> BackendStatus:
+    """Suspend the Job, its GPUs freed, until ``retry``."""
     try:
-        _patch_job(batch, job, suspension(timeout_s, now))
+        _patch_job(batch, job, suspension(hold, now, retry))
     except PermanentError as exc:  # e.g. a Role without "patch" on jobs: say so, keep waiting
-        reason = f"{held_for}; zeropilot could not suspend the Job: {exc}"
-        return BackendStatus(BackendState.PENDING, native_state="Unschedulable", reason=reason)
-    reason = (
-        f"{held_for}; zeropilot suspended the Job to free them and tries again in {timeout_s} s"
-    )
-    return BackendStatus(BackendState.PENDING, native_state="GangTimeout", reason=reason)
+        reason = f"{hold.words(now)}; zeropilot could not suspend the Job: {exc}"
+        return BackendStatus(BackendState.PENDING, native_state=hold.cause, reason=reason)
+    return suspending_status(hold, now, retry)
 
 
 def _patch_job(batch: Any, job: Json, patch: Json) -> None:

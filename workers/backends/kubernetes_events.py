@@ -11,6 +11,7 @@ lists the events.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -19,7 +20,8 @@ from workers.backends.base import BackendState, BackendStatus
 Json = dict[str, Any]
 FAILED_CREATE = "FailedCreate"
 _QUOTA = re.compile(
-    r"exceeded quota: [^,]+, requested: (?P<requested>.+?), used: .+?, limited: (?P<limited>[^\s]+)"
+    r"exceeded quota: (?P<quota>[^,]+), requested: (?P<requested>.+?), used: .+?, "
+    r"limited: (?P<limited>[^\s]+)"
 )
 _SUFFIXES: dict[str, Decimal | int] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -69,6 +71,36 @@ def quota_overflow(message: str, pods: int) -> str | None:
                 f"limit {name}={limited[name][0]}"
             )
     return None
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """What a quota's refusal of a pod says: the quota, and what the pod asked of it (only the
+    resources it exceeds) beside the quota's hard limit on them."""
+
+    quota: str
+    requested: dict[str, tuple[str, Decimal]]
+    limited: str  # as the message writes it: requests.nvidia.com/gpu=16
+
+
+def quota_refusal(message: str) -> QuotaRefusal | None:
+    """The quota refusal in a FailedCreate message; None when no quota refused the pod."""
+    found = _QUOTA.search(message)
+    if found is None:
+        return None
+    return QuotaRefusal(found["quota"].strip(), _amounts(found["requested"]), found["limited"])
+
+
+def held_of_quota(refusal: QuotaRefusal, pods: int) -> str:
+    """What ``pods`` pods, each asking what the refused one asked, hold of the quota, in words:
+    ``8 GPUs of quota team-ml (limited: requests.nvidia.com/gpu=16)``."""
+    held = []
+    for name, (text, amount) in refusal.requested.items():
+        if name.endswith("gpu") and amount == amount.to_integral_value():
+            held.append(f"{int(amount) * pods} GPUs")
+        else:
+            held.append(f"{name}={text}" if pods == 1 else f"{pods} x {name}={text}")
+    return f"{', '.join(held)} of quota {refusal.quota} (limited: {refusal.limited})"
 
 
 def _amounts(text: str) -> dict[str, tuple[str, Decimal]]:
