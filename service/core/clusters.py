@@ -69,8 +69,9 @@ class ClusterProfile(BaseModel):
     # A worker keeps a watched copy of zeropilot's Jobs and Pods (one LIST, then a WATCH) that
     # its passes read; False: every pass LISTs them (an API server that refuses long watches).
     watch: bool = True
-    # Without a queue: a Job whose placed pods hold GPUs while another pod cannot be placed for
-    # this long is suspended (its GPUs freed) and retried as long after; None: never.
+    # Without a queue: a Job whose pods hold GPUs while another pod cannot be placed, or is
+    # refused by the namespace's quota, for this long is suspended (its GPUs freed) and retried
+    # between one and two times as long after, at random; None: never.
     gang_timeout_s: int | None = Field(default=600, gt=0)
     scheduler_name: str | None = None  # e.g. "volcano"
     # How to reach the API server. Both None: the pod's service account when zeropilot runs in
