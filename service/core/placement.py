@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from math import floor, log10
 from typing import Literal
 
-from service.core.advisor.models import Advice, NoPlanFits
+from service.core.advisor.models import Advice, BadOverrides, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 
@@ -108,7 +108,7 @@ def plan_everywhere(
         except NoPlanFits as exc:
             options.append(Option(entry.name, ruled_out=f"no plan fits: {exc}"))
             continue
-        except ValueError as exc:  # e.g. zero.overrides that break the batch there
+        except BadOverrides as exc:  # e.g. zero.overrides that break the batch there
             options.append(Option(entry.name, ruled_out=str(exc)))
             continue
         why = waits(entry)

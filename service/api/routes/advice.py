@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, sta
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
-from service.core.advisor import Candidate, NoPlanFits, advise
+from service.core.advisor import BadOverrides, Candidate, ClusterTooSmall, NoPlanFits, advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.limits import plain_document
@@ -91,8 +91,10 @@ def advise_job(
             advice = advise(spec, profile, chosen)
     except NoPlanFits as exc:
         raise _no_plan(exc) from exc
-    except ValueError as exc:
-        raise unprocessable(["body"], str(exc)) from exc
+    except BadOverrides as exc:
+        raise unprocessable(["body", "zero", "overrides"], str(exc)) from exc
+    except ClusterTooSmall as exc:
+        raise unprocessable(["body", "resources"], str(exc)) from exc
     return AdvicePublic(
         plan=advice.plan,
         candidates=advice.candidates,

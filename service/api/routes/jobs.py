@@ -36,7 +36,7 @@ from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
 from service.contained_files import NotContained
 from service.core.admission import Cap
 from service.core.advice_memo import advise_once
-from service.core.advisor import NoPlanFits
+from service.core.advisor import BadOverrides, ClusterTooSmall, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.placement import AUTO, Option, choose, plan_everywhere, summary
@@ -191,9 +191,9 @@ def _store_submitted(
     try:
         with ADVISOR_SECONDS.labels("/v1/jobs").time():
             advice = advise_once(spec, profile)
-    except NoPlanFits as exc:
+    except (NoPlanFits, ClusterTooSmall) as exc:
         raise _unprocessable("resources", str(exc)) from exc
-    except ValueError as exc:  # e.g. zero.overrides that break the batch identity
+    except BadOverrides as exc:  # e.g. zero.overrides that break the batch identity
         raise _unprocessable("zero.overrides", str(exc)) from exc
     waiting = decide_submitted(
         session,
