@@ -39,15 +39,15 @@ from service.core.advice_memo import advise_once
 from service.core.advisor import BadOverrides, ClusterTooSmall, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.limits import INT32_MAX, INT64_MAX
-from service.core.placement import AUTO, Option, choose, plan_everywhere, summary
+from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import WAITING_PREFIX, decide_submitted, refusal, wait_reasons
-from service.db.cluster_bounds import cap_of, caps_of
+from service.db.admission import WAITING_PREFIX, decide_submitted, refusal
+from service.db.cluster_bounds import cap_of
 from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
 from service.db.new_job import writes_in_one_statement
-from service.db.placement import expected_start_s
+from service.db.placing import place
 from service.db.session import autocommit, get_engine
 from service.db.transitions import move_job
 from service.db.users import Caller, checkpoint_roots_of
@@ -116,10 +116,10 @@ def submit(
     with Session(reads) as session:
         caller = submitter_of(session, credentials)
         if spec.resources.cluster == AUTO:
-            profile, placed = _place(session, caller, settings, spec)
+            profile, cap, placed = _place(session, caller, settings, spec)
         else:
             profile, placed = _profile_for(settings, spec), ""
-        cap = cap_of(session, profile)
+            cap = cap_of(session, profile)
         if reads is engine or (caller.gpu_quota is None and cap.gpus is None):
             return _store_submitted(
                 session, caller, spec, profile, cap, settings, idempotency_key, placed
@@ -132,37 +132,14 @@ def submit(
 
 def _place(
     session: Session, caller: Caller, settings: Settings, spec: JobSpec
-) -> tuple[ClusterProfile, str]:
-    """``cluster: auto``: the profile placement chooses, and the choice in words."""
-    allowed = spec.resources.clusters
-    profiles = {
-        name: profile
-        for name, profile in settings.cluster_profiles().items()
-        if allowed is None or name in allowed
-    }
-    gpus = spec.resources.world_size
-    borrowing = settings.scheduling.borrowing
-    waits = wait_reasons(session, caller, gpus, spec.priority, borrowing)
-    caps = caps_of(session, profiles)
-    refused = {
-        name: Option(name, ruled_out=why)
-        for name in profiles
-        if (why := refusal(caller, name, gpus, caps[name], borrowing))
-    }
-    eligible = [p for name, p in profiles.items() if name not in refused]
-
-    def start_in(profile: ClusterProfile) -> float | None:
-        return expected_start_s(session, caller, profile.name, gpus, caps[profile.name])
-
-    options_there = plan_everywhere(spec, eligible, advise_once, waits, start_in)
-    planned = {o.cluster: o for o in options_there}
-    options = [o for name in profiles if (o := refused.get(name) or planned.get(name))]
-    by = spec.resources.placement
-    chosen = choose(options, by)
-    if chosen is None:
-        why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
+) -> tuple[ClusterProfile, Cap, str]:
+    """``cluster: auto``: the profile placement chooses, its cap, and the choice in words."""
+    profiles = settings.cluster_profiles()
+    placed = place(session, spec, profiles, caller, borrowing=settings.scheduling.borrowing)
+    if (chosen := placed.chosen) is None:
+        why = placed.ruled_out() or "none configured"
         raise _unprocessable("resources.cluster", f"no cluster can run this job ({why})")
-    return profiles[chosen.cluster], summary(options, chosen, by)
+    return profiles[chosen.cluster], placed.caps[chosen.cluster], placed.summary()
 
 
 def _store_submitted(
