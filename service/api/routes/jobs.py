@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPAuthorizationCredentials
 from sqlmodel import Session, col, select
 
-from service.api.deps import (
-    Credentials,
-    CurrentUser,
-    SessionDep,
-    SettingsDep,
-    WriterUser,
-    submitter_of,
-)
+from service.api.deps import Credentials, CurrentUser, SessionDep, SettingsDep, WriterUser
 from service.api.errors import error_responses
 from service.api.job_progress import NoSuchJob, ProgressHub, Seen, ShuttingDown
 from service.api.schemas import (
-    AttemptPublic,
     CheckpointPublic,
-    EventPublic,
     JobDetail,
     JobPublic,
     JobsPublic,
@@ -32,38 +22,23 @@ from service.api.schemas import (
     MetricPublic,
     ProgressPublic,
 )
-from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
+from service.api.submitting import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
 from service.contained_files import NotContained
-from service.core.admission import Cap
-from service.core.advice_memo import advise_once
-from service.core.advisor import BadOverrides, ClusterTooSmall, NoPlanFits
-from service.core.clusters import BackendKind, ClusterProfile
+from service.core.clusters import BackendKind
 from service.core.limits import INT32_MAX, INT64_MAX
-from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.admission import WAITING_PREFIX, decide_submitted, refusal
-from service.db.cluster_bounds import cap_of
-from service.db.models import Checkpoint, Job, JobEvent, MetricPoint, Team, User
-from service.db.new_job import writes_in_one_statement
-from service.db.placing import place
-from service.db.session import autocommit, get_engine
+from service.db.jobs import DETAIL_ROWS
+from service.db.models import Checkpoint, Job, MetricPoint, Team, User
 from service.db.transitions import move_job
-from service.db.users import Caller, checkpoint_roots_of
 from service.logtail import log_size, read_from, tail_lines
-from service.metrics import ADVISOR_SECONDS
 from service.settings import Settings
-from service.tasks import CANCEL_ATTEMPT, LAUNCH_ATTEMPT, send_or_leave_to_sweep
+from service.tasks import CANCEL_ATTEMPT, send_or_leave_to_sweep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
-# A job's detail carries at most this many of its latest events, metrics and checkpoints, so
-# its size is bounded however long the job runs; /metrics pages through every point.
-DETAIL_ROWS = 10_000
 WAIT_MAX_S = 25.0  # a long poll's longest hold
 WAIT_SHARE_OF_DEADLINE = 0.8
-IDEMPOTENCY_KEY_MAX = 255
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~]+$"  # printable ASCII: PostgreSQL text cannot hold a NUL
 
 
 @router.post(
@@ -100,124 +75,6 @@ def create_job_route() -> APIRoute:
         and route.path == router.prefix
         and "POST" in (route.methods or ())
     )
-
-
-def submit(
-    spec: JobSpec,
-    credentials: HTTPAuthorizationCredentials | None,
-    settings: Settings,
-    idempotency_key: str | None,
-) -> Response:
-    engine = get_engine(settings.database_url)
-    # Where a new job is one statement (PostgreSQL), atomic on its own, a submit under no limit
-    # needs no transaction, and so sends no BEGIN and no COMMIT: two round trips of four (five
-    # when the pooled connection sat idle and is pinged first).
-    reads = autocommit(engine) if writes_in_one_statement(engine) else engine
-    with Session(reads) as session:
-        caller = submitter_of(session, credentials)
-        if spec.resources.cluster == AUTO:
-            profile, cap, placed = _place(session, caller, settings, spec)
-        else:
-            profile, placed = _profile_for(settings, spec), ""
-            cap = cap_of(session, profile)
-        if reads is engine or (caller.gpu_quota is None and cap.gpus is None):
-            return _store_submitted(
-                session, caller, spec, profile, cap, settings, idempotency_key, placed
-            )
-    with Session(engine) as session:  # a limit applies: decided and written in one transaction
-        return _store_submitted(
-            session, caller, spec, profile, cap, settings, idempotency_key, placed
-        )
-
-
-def _place(
-    session: Session, caller: Caller, settings: Settings, spec: JobSpec
-) -> tuple[ClusterProfile, Cap, str]:
-    """``cluster: auto``: the profile placement chooses, its cap, and the choice in words."""
-    profiles = settings.cluster_profiles()
-    placed = place(session, spec, profiles, caller, borrowing=settings.scheduling.borrowing)
-    if (chosen := placed.chosen) is None:
-        why = placed.ruled_out() or "none configured"
-        raise _unprocessable("resources.cluster", f"no cluster can run this job ({why})")
-    return profiles[chosen.cluster], placed.caps[chosen.cluster], placed.summary()
-
-
-def _store_submitted(
-    session: Session,
-    caller: Caller,
-    spec: JobSpec,
-    profile: ClusterProfile,
-    cap: Cap,
-    settings: Settings,
-    idempotency_key: str | None,
-    placed: str = "",
-) -> Response:
-    team = caller.team_name
-    if spec.team is not None and spec.team != team:
-        raise _unprocessable("team", f"you belong to team {team!r}, not {spec.team!r}")
-    if (
-        folder := resolve_dir(settings.data_dir, spec.checkpoint.dir, spec.working_dir)
-    ) is not None:
-        roots = checkpoint_roots_of(session, caller.team_id)
-        if root_holding(folder, roots) is None:  # another team's folder, or the service's own
-            raise _unprocessable("checkpoint.dir", outside_roots(folder, team, roots))
-    gpus = spec.resources.nodes * spec.resources.gpus_per_node
-    borrowing = settings.scheduling.borrowing
-    if why := refusal(caller, profile.name, gpus, cap, borrowing):
-        raise _unprocessable("resources", why)
-    try:
-        with ADVISOR_SECONDS.labels("/v1/jobs").time():
-            advice = advise_once(spec, profile)
-    except (NoPlanFits, ClusterTooSmall) as exc:
-        raise _unprocessable("resources", str(exc)) from exc
-    except BadOverrides as exc:  # e.g. zero.overrides that break the batch identity
-        raise _unprocessable("zero.overrides", str(exc)) from exc
-    waiting = decide_submitted(
-        session,
-        caller,
-        profile.name,
-        gpus,
-        spec.priority,
-        cap=cap,
-        borrowing=borrowing,
-    )
-    try:
-        stored = job_store.store_job(
-            session,
-            spec=spec,
-            plan=advice.plan.model_dump(mode="json"),
-            advice_reason=" ".join([placed, advice.reason, *advice.warnings]).strip(),
-            caller=caller,
-            backend=profile.kind,
-            cluster=profile.name,
-            idempotency_key=idempotency_key,
-            admitted=waiting is None,
-            waiting=WAITING_PREFIX + waiting if waiting else "",
-        )
-    except job_store.IdempotencyConflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
-    if isinstance(stored, Job):  # an Idempotency-Key replay: the stored job, as it is now
-        return _json(_detail(session, stored, team), status.HTTP_200_OK)
-    answer = {**stored.job, "team": team}
-    session.commit()
-    if waiting is None:
-        _enqueue(settings, LAUNCH_ATTEMPT, stored.attempt["id"])
-    detail = JobDetail.model_validate(  # from the rows as written: nothing to read back
-        {
-            **answer,
-            "attempts": [stored.attempt],
-            "events": stored.events,
-            "metrics": [],
-            "checkpoints": [],
-        }
-    )
-    return _json(detail, status.HTTP_201_CREATED)
-
-
-def _json(detail: JobDetail, status_code: int) -> Response:
-    """Serialized once, here: returned as a model, FastAPI would dump, validate and serialize
-    it again, in a thread-pool hop of its own (on the submit's hot path)."""
-    return Response(detail.model_dump_json(), status_code, media_type="application/json")
 
 
 # What a listing shows (JobPublic) and reads: the team's id, not its name; never spec or plan.
@@ -262,7 +119,8 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobDetail, responses=error_responses(404))
 def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
     job = _visible_job(session, user, job_id)
-    return _detail(session, job, _team_names(session)[job.team_id])
+    record = job_store.job_record(session, job, _team_names(session)[job.team_id])
+    return JobDetail.model_validate(record)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(403, 404, 409))
@@ -281,7 +139,8 @@ def cancel_job(
     session.commit()
     if moved and (attempt := job_store.current_attempt(session, job)) is not None:
         _enqueue(settings, CANCEL_ATTEMPT, attempt.id)
-    return _public(job, _team_names(session)[job.team_id])
+    fields = job_store.job_fields(job)
+    return JobPublic.model_validate({**fields, "team": _team_names(session)[job.team_id]})
 
 
 @router.get("/{job_id}/logs", response_model=LogsPublic, responses=error_responses(404, 409))
@@ -421,32 +280,6 @@ def job_checkpoints(
     return [CheckpointPublic.model_validate(c) for c in rows]
 
 
-def _unprocessable(field: str, message: str) -> HTTPException:
-    detail = [{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}]
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
-
-
-def _profile_for(settings: Settings, spec: JobSpec) -> ClusterProfile:
-    profiles = settings.cluster_profiles()
-    profile = profiles.get(spec.resources.cluster)
-    if profile is None:
-        known = ", ".join(sorted(profiles))
-        raise _unprocessable(
-            "resources.cluster", f"unknown cluster {spec.resources.cluster!r}; known: {known}"
-        )
-    if spec.resources.nodes > profile.max_nodes:
-        raise _unprocessable(
-            "resources.nodes",
-            f"cluster {profile.name!r} offers at most {profile.max_nodes} nodes, "
-            f"the job asks for {spec.resources.nodes}",
-        )
-    if profile.kind == BackendKind.KUBERNETES and spec.image is None:  # else a LAUNCH_ERROR later
-        raise _unprocessable(
-            "image", f"cluster {profile.name!r} runs each node in a container: set the job's image"
-        )
-    return profile
-
-
 def _enqueue(settings: Settings, task: str, attempt_id: str) -> None:
     send_or_leave_to_sweep(settings.broker_url, task, attempt_id)
 
@@ -490,40 +323,3 @@ def _visible_job(session: Session, user: User, job_id: str) -> Job:
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
     return job
-
-
-def _fields(job: Job) -> dict[str, object]:
-    # getattr, not model_dump: it reloads attributes that a commit expired.
-    return {name: getattr(job, name) for name in Job.model_fields}
-
-
-def _public(job: Job, team: str) -> JobPublic:
-    return JobPublic.model_validate({**_fields(job), "team": team})
-
-
-Row = TypeVar("Row", JobEvent, MetricPoint, Checkpoint)
-
-
-def _latest(session: Session, table: type[Row], job_id: str) -> list[Row]:
-    query = select(table).where(table.job_id == job_id).order_by(col(table.id).desc())
-    return list(reversed(session.exec(query.limit(DETAIL_ROWS)).all()))
-
-
-def _detail(session: Session, job: Job, team: str) -> JobDetail:
-    return JobDetail.model_validate(
-        {
-            **_fields(job),
-            "team": team,
-            "attempts": [
-                AttemptPublic.model_validate(a) for a in job_store.attempts_of(session, job.id)
-            ],
-            "events": [EventPublic.model_validate(e) for e in _latest(session, JobEvent, job.id)],
-            "metrics": [
-                MetricPublic.model_validate(m) for m in _latest(session, MetricPoint, job.id)
-            ],
-            "checkpoints": [
-                CheckpointPublic.model_validate(c) for c in _latest(session, Checkpoint, job.id)
-            ],
-            "checkpoint_bytes": job_store.checkpoint_bytes(session, job.id),
-        }
-    )
