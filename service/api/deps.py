@@ -12,6 +12,7 @@ from sqlmodel import Session
 
 from service.core.roles import may_write, viewer_refusal
 from service.core.states import AttemptStatus, JobStatus
+from service.db.jobs import get_job
 from service.db.models import Attempt, Job, Team, User
 from service.db.session import get_engine
 from service.db.users import member_by_token
@@ -79,6 +80,15 @@ async def get_current_user(member: CurrentMember) -> User:
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def visible_job(session: Session, user: User, job_id: str) -> Job:
+    """The job, if the user may see it; else 404 (another team's job is "not found", not
+    "forbidden": its existence is not disclosed)."""
+    job = get_job(session, job_id, None if user.is_admin else user.team_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
+    return job
 
 
 async def get_admin(user: CurrentUser) -> User:

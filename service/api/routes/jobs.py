@@ -1,39 +1,33 @@
-"""Job routes: submit, list, inspect, cancel, and read logs, metrics and checkpoints."""
+"""Job routes: submit, list, inspect, follow and cancel (what a job wrote: ``job_outputs``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
-from service.api.deps import Credentials, CurrentUser, SessionDep, SettingsDep, WriterUser
+from service.api.deps import (
+    Credentials,
+    CurrentUser,
+    SessionDep,
+    SettingsDep,
+    WriterUser,
+    visible_job,
+)
 from service.api.errors import error_responses
 from service.api.job_progress import NoSuchJob, ProgressHub, Seen, ShuttingDown
-from service.api.schemas import (
-    CheckpointPublic,
-    JobDetail,
-    JobPublic,
-    JobsPublic,
-    LogsPublic,
-    MetricPublic,
-    ProgressPublic,
-)
+from service.api.schemas import JobDetail, JobPublic, JobsPublic, ProgressPublic
 from service.api.submitting import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
-from service.contained_files import NotContained
-from service.core.clusters import BackendKind
-from service.core.limits import INT32_MAX, INT64_MAX
+from service.core.limits import INT32_MAX
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db import jobs as job_store
-from service.db.jobs import DETAIL_ROWS
-from service.db.models import Checkpoint, Job, MetricPoint, Team, User
+from service.db.models import User
 from service.db.transitions import move_job
-from service.logtail import log_size, read_from, tail_lines
-from service.settings import Settings
+from service.db.users import team_id_named, team_names
 from service.tasks import CANCEL_ATTEMPT, send_or_leave_to_sweep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=error_responses(401))
@@ -111,15 +105,15 @@ def list_jobs(
     rows, count = job_store.list_job_fields(
         session, LISTED_FIELDS, team_id, status_filter, limit, offset
     )
-    names = _team_names(session)
+    names = team_names(session)
     data = [JobPublic.model_validate({**row, "team": names[row["team_id"]]}) for row in rows]
     return JobsPublic(data=data, count=count)
 
 
 @router.get("/{job_id}", response_model=JobDetail, responses=error_responses(404))
 def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
-    job = _visible_job(session, user, job_id)
-    record = job_store.job_record(session, job, _team_names(session)[job.team_id])
+    job = visible_job(session, user, job_id)
+    record = job_store.job_record(session, job, team_names(session)[job.team_id])
     return JobDetail.model_validate(record)
 
 
@@ -128,7 +122,7 @@ def cancel_job(
     job_id: str, user: WriterUser, session: SessionDep, settings: SettingsDep
 ) -> JobPublic:
     """Mark the job cancelled; a worker then stops its processes on the cluster."""
-    job = _visible_job(session, user, job_id)
+    job = visible_job(session, user, job_id)
     if JobStatus(job.status).terminal:
         raise HTTPException(
             status.HTTP_409_CONFLICT, detail=f"job {job.id} already ended as {job.status}"
@@ -138,68 +132,9 @@ def cancel_job(
     )
     session.commit()
     if moved and (attempt := job_store.current_attempt(session, job)) is not None:
-        _enqueue(settings, CANCEL_ATTEMPT, attempt.id)
+        send_or_leave_to_sweep(settings.broker_url, CANCEL_ATTEMPT, attempt.id)
     fields = job_store.job_fields(job)
-    return JobPublic.model_validate({**fields, "team": _team_names(session)[job.team_id]})
-
-
-@router.get("/{job_id}/logs", response_model=LogsPublic, responses=error_responses(404, 409))
-def job_logs(
-    job_id: str,
-    user: CurrentUser,
-    session: SessionDep,
-    settings: SettingsDep,
-    response: Response,
-    attempt: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
-    tail: Annotated[int, Query(ge=1, le=10000)] = 200,
-    offset: Annotated[
-        int | None, Query(ge=0, le=INT64_MAX, description="follow: bytes already read")
-    ] = None,
-) -> LogsPublic:
-    """The tail of an attempt's log, or (with ``offset``) what was appended since."""
-    job = _visible_job(session, user, job_id)
-    number = attempt or job.current_attempt
-    row = next((a for a in job_store.attempts_of(session, job.id) if a.number == number), None)
-    if row is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, detail=f"job {job.id} has no attempt {number}"
-        )
-    if not row.log_path:
-        launched = row.backend_ref is not None
-        return LogsPublic(
-            attempt=number, text=_why_no_log(settings, job.cluster) if launched else ""
-        )
-    root, path = settings.attempts_dir, Path(row.log_path)
-    try:
-        if offset is None:  # the tail, and where a follower should continue from
-            response.headers["X-Next-Offset"] = str(log_size(root, path))
-            return LogsPublic(attempt=number, text=tail_lines(root, path, tail))
-        text, next_offset = read_from(root, path, offset)
-    except NotContained as exc:  # the job swapped its log for a link: never read through it
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, detail=f"attempt {number}'s log is not readable: {exc}"
-        ) from exc
-    response.headers["X-Next-Offset"] = str(next_offset)
-    return LogsPublic(attempt=number, text=text)
-
-
-@router.get("/{job_id}/metrics", response_model=list[MetricPublic], responses=error_responses(404))
-def job_metrics(
-    job_id: str,
-    user: CurrentUser,
-    session: SessionDep,
-    after_id: Annotated[
-        int, Query(ge=0, le=INT32_MAX, description="only points newer than this id")
-    ] = 0,
-    limit: Annotated[
-        int, Query(ge=1, le=DETAIL_ROWS, description="at most this many, oldest first")
-    ] = DETAIL_ROWS,
-) -> list[MetricPublic]:
-    """A job's metric points in order; page with ``after_id`` = the last id received."""
-    job = _visible_job(session, user, job_id)
-    query = select(MetricPoint).where(MetricPoint.job_id == job.id, col(MetricPoint.id) > after_id)
-    points = session.exec(query.order_by(col(MetricPoint.id)).limit(limit)).all()
-    return [MetricPublic.model_validate(p) for p in points]
+    return JobPublic.model_validate({**fields, "team": team_names(session)[job.team_id]})
 
 
 @router.get("/{job_id}/wait", response_model=ProgressPublic, responses=error_responses(404))
@@ -252,40 +187,9 @@ def _visible_then_released(session: Session, user: User, job_id: str) -> None:
     """404 unless the caller may see the job; then the session's connection goes back to the
     pool, so a held request holds none (the hub reads for every waiter at once)."""
     try:
-        _visible_job(session, user, job_id)
+        visible_job(session, user, job_id)
     finally:
         session.close()
-
-
-@router.get(
-    "/{job_id}/checkpoints",
-    response_model=list[CheckpointPublic],
-    responses=error_responses(404),
-)
-def job_checkpoints(
-    job_id: str,
-    user: CurrentUser,
-    session: SessionDep,
-    after_id: Annotated[
-        int, Query(ge=0, le=INT32_MAX, description="only checkpoints newer than this id")
-    ] = 0,
-    limit: Annotated[
-        int, Query(ge=1, le=DETAIL_ROWS, description="at most this many, oldest first")
-    ] = DETAIL_ROWS,
-) -> list[CheckpointPublic]:
-    """A job's reported checkpoints in order; page with ``after_id`` = the last id received."""
-    job = _visible_job(session, user, job_id)
-    query = select(Checkpoint).where(Checkpoint.job_id == job.id, col(Checkpoint.id) > after_id)
-    rows = session.exec(query.order_by(col(Checkpoint.id)).limit(limit)).all()
-    return [CheckpointPublic.model_validate(c) for c in rows]
-
-
-def _enqueue(settings: Settings, task: str, attempt_id: str) -> None:
-    send_or_leave_to_sweep(settings.broker_url, task, attempt_id)
-
-
-def _team_names(session: Session) -> dict[int, str]:
-    return {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
 
 
 def _team_filter(session: Session, user: User, team: str | None) -> int | None:
@@ -293,33 +197,6 @@ def _team_filter(session: Session, user: User, team: str | None) -> int | None:
         return user.team_id
     if not user.is_admin:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="only admins may list other teams")
-    row = session.exec(select(Team).where(Team.name == team)).first()
-    if row is None:
+    if (team_id := team_id_named(session, team)) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"team {team!r} not found")
-    return row.id
-
-
-def _why_no_log(settings: Settings, cluster: str) -> str:
-    """Why a launched attempt has no log file the API can read (none on Kubernetes without
-    the shared volume; the others always have one)."""
-    profile = settings.cluster_profiles().get(cluster)
-    if profile is None or profile.kind != BackendKind.KUBERNETES:
-        return ""
-    if profile.shared_volume_claim is None:
-        return (
-            f"(no log here: the pods of cluster {cluster} mount no shared volume (its profile's "
-            "shared_volume_claim), so their output stays with the pods: read it with kubectl "
-            "logs)"
-        )
-    return (
-        f"(no log here: the attempt folders are not under {profile.shared_volume_path}, where "
-        f"the pods of cluster {cluster} mount the shared volume, so they could not write it)"
-    )
-
-
-def _visible_job(session: Session, user: User, job_id: str) -> Job:
-    # Another team's job is "not found", not "forbidden": its existence is not disclosed.
-    job = job_store.get_job(session, job_id, None if user.is_admin else user.team_id)
-    if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
-    return job
+    return team_id
