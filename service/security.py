@@ -12,6 +12,8 @@ import secrets
 
 USER_TOKEN_PREFIX = "zp_"  # noqa: S105 (a prefix, not a secret)
 ATTEMPT_TOKEN_PREFIX = "zpa_"  # noqa: S105
+MISSING_TOKEN = "missing bearer token (set ZEROPILOT_TOKEN for the CLI)"  # noqa: S105 (words)
+UNKNOWN_TOKEN = "unknown or revoked token"  # noqa: S105 (words)
 
 
 def new_user_token() -> str:

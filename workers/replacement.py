@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from sqlmodel import Session
 
-from service.core.advice_memo import advise_once
 from service.core.advisor import Candidate
-from service.core.placement import AUTO, choose, movable, plan_everywhere, summary
+from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
-from service.db.admission import WAITING_PREFIX, wait_reasons
+from service.db.admission import WAITING_PREFIX
 from service.db.jobs import add_attempt, attempts_of
 from service.db.models import Attempt, Job, Team, User, utcnow
+from service.db.placing import Moving, place
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
@@ -37,28 +37,21 @@ def replace_after_failed_launch(
     spec = JobSpec.model_validate(job.spec)
     if spec.resources.cluster != AUTO:
         return ""
-    profiles = settings.cluster_profiles()
-    allowed = set(spec.resources.clusters or profiles)  # never one outside the job's own list
-    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
-    failed.add(job.cluster)
-    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
-    eligible, left_out = movable(
-        [p for p in profiles.values() if p.name in allowed],
-        failed, profiles.get(job.cluster), checkpoint is not None,
-    )  # fmt: skip
     user, team = session.get(User, job.user_id), session.get(Team, job.team_id)
     if user is None or team is None:
         return "its user or team is gone"
-    waits = wait_reasons(
-        session, Caller.of(user, team), job.gpus, job.priority, settings.scheduling.borrowing,
-        moving_from=job.cluster,  # still LAUNCHING there: its GPUs count as held until it moves
+    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
+    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
+    moving = Moving(
+        job.id, job.cluster, frozenset({*failed, job.cluster}), checkpoint is not None,
+        holds_gpus=True,  # still LAUNCHING there: its GPUs count as held until it moves
     )  # fmt: skip
-    options = [*plan_everywhere(spec, eligible, advise_once, waits), *left_out]
-    chosen = choose(options, spec.resources.placement)
+    profiles = settings.cluster_profiles()
+    placed = place(session, spec, profiles, Caller.of(user, team),
+                   borrowing=settings.scheduling.borrowing, moving=moving)  # fmt: skip
+    chosen = placed.chosen
     if chosen is None or chosen.advice is None:
-        return "no other cluster can run it (" + "; ".join(
-            f"{o.cluster}: {o.ruled_out}" for o in options if o.ruled_out
-        ) + ")"  # fmt: skip
+        return f"no other cluster can run it ({placed.ruled_out()})"
     plan = chosen.advice.plan
     method = resume_method(Candidate.model_validate(attempt.plan), plan) if checkpoint else None
     plan_json = plan.model_dump(mode="json")
@@ -75,7 +68,7 @@ def replace_after_failed_launch(
     moved = move_job(
         session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
         f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
-        f" {chosen.cluster}{where}: {summary(options, chosen, spec.resources.placement)}",
+        f" {chosen.cluster}{where}: {placed.summary()}",
         current_attempt=new.number, plan=plan_json,
         message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
         " failed; admission starts it there",

@@ -3,10 +3,11 @@
 The reconcile pass calls it after admission, inside the admission turn, so no decision races
 it. It looks at the first few waiting jobs in admission order (``replace_per_pass``) that were
 placed more than the settling time ago, plans each for every cluster it may run on with the
-admission state as it is now, and moves the ones that end clearly earlier elsewhere
-(``service.core.waiting_placement``). Jobs placed by cost stay: a price does not change with a
-queue. A job that ever started stays too: it moves only after a failed launch, between
-clusters that share its checkpoints (``workers.replacement``).
+admission state as it is now (``service.db.placing``), and moves the ones that end clearly
+earlier elsewhere, or can no longer run where they wait (``service.core.waiting_placement``).
+Jobs placed by cost stay: a price does not change with a queue. A job that ever started stays
+too: it moves only after a failed launch, between clusters that share its checkpoints
+(``workers.replacement``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ import logging
 
 from sqlmodel import Session
 
-from service.core.advice_memo import advise_once
 from service.core.clusters import ClusterProfile
-from service.core.placement import Option, movable, plan_everywhere, summary
+from service.core.placement import summary
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from service.core.waiting_placement import Hysteresis, move_to, moved_words, settled_since
-from service.db.admission import WAITING_PREFIX, refusal
-from service.db.cluster_bounds import caps_of
+from service.db.admission import WAITING_PREFIX
 from service.db.jobs import attempts_of
 from service.db.models import Job, Team, User, utcnow
-from service.db.placement import expected_start_s, move_waiting_job, waiting_auto_jobs
+from service.db.placement import move_waiting_job, waiting_auto_jobs
+from service.db.placing import Moving, place
 from service.db.users import Caller
 from service.settings import Settings
 from workers.replacement import LAUNCH_CLUSTER
@@ -66,11 +66,13 @@ def _re_place(
         or team is None
     ):
         return False
-    caller = Caller.of(user, team)
-    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts}
-    options = _options_now(session, settings, profiles, spec, job, caller, failed)
-    here = next((o for o in options if o.cluster == job.cluster and o.advice), None)
-    there = move_to(here, options, rule) if here is not None else None
+    failed = frozenset(str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts)
+    waits_here = job.message.removeprefix(WAITING_PREFIX) or "waiting for admission"
+    moving = Moving(job.id, job.cluster, failed, waits_here=waits_here)
+    placed = place(session, spec, profiles, Caller.of(user, team),
+                   borrowing=settings.scheduling.borrowing, moving=moving)  # fmt: skip
+    here = next((o for o in placed.options if o.cluster == job.cluster), None)
+    there = move_to(here, placed.options, rule) if here is not None else None
     if here is None or there is None or there.advice is None:
         return False
     plan = there.advice.plan
@@ -79,48 +81,9 @@ def _re_place(
         session, job, attempt, to=there.cluster, backend=profiles[there.cluster].kind,
         plan=plan.model_dump(mode="json"),
         step_s=spec.training.step_seconds(plan.tokens_per_second),
-        advice_reason=f"{summary(options, there)}. {there.advice.reason}",
-        reason=f"{why}; {summary(options, there)}",
+        advice_reason=f"{summary(placed.options, there)}. {there.advice.reason}",
+        reason=f"{why}; {summary(placed.options, there)}",
     )  # fmt: skip
     if moved:
         log.info("job %s %s", job.id, why)
     return moved
-
-
-def _options_now(
-    session: Session,
-    settings: Settings,
-    profiles: dict[str, ClusterProfile],
-    spec: JobSpec,
-    job: Job,
-    caller: Caller,
-    failed: set[str],
-) -> list[Option]:
-    """Every cluster the job may go to, planned, with when it would start there now (the job
-    itself not counted among those ahead of it), and the others with why not (where a launch
-    of it failed, where it could never be admitted)."""
-    kept, left_out = movable(list(profiles.values()), failed, profiles.get(job.cluster), False)
-    borrowing = settings.scheduling.borrowing
-    caps = caps_of(session, {p.name: p for p in kept})
-    refused = {
-        p.name: Option(p.name, ruled_out=why)
-        for p in kept
-        if (why := refusal(caller, p.name, job.gpus, caps[p.name], borrowing))
-    }
-    starts: dict[str, float | None] = {}
-
-    def start_in(profile: ClusterProfile) -> float | None:
-        if profile.name not in starts:
-            starts[profile.name] = expected_start_s(
-                session, caller, profile.name, job.gpus, caps[profile.name], excluding=job.id
-            )
-        return starts[profile.name]
-
-    def waits(profile: ClusterProfile) -> str:
-        if profile.name == job.cluster:  # it waits there: admission just said why
-            return job.message.removeprefix(WAITING_PREFIX) or "waiting for admission"
-        return "" if start_in(profile) == 0.0 else "its GPUs there are taken"
-
-    eligible = [p for p in kept if p.name not in refused]
-    planned = plan_everywhere(spec, eligible, advise_once, waits, start_in)
-    return [*planned, *refused.values(), *left_out]

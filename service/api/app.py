@@ -12,7 +12,16 @@ from service.api.docs import mount_docs
 from service.api.errors import error_responses, install_error_handlers
 from service.api.job_progress import ProgressHub, read_from
 from service.api.plain_submit import plain_submit_route
-from service.api.routes import advice, health, jobs, prometheus, runtime, teams, users
+from service.api.routes import (
+    advice,
+    health,
+    job_outputs,
+    jobs,
+    prometheus,
+    runtime,
+    teams,
+    users,
+)
 from service.api.text_guard import TextGuard
 from service.logs import configure_logging
 from service.metrics import install_transition_metrics
@@ -37,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(prometheus.router)
     # Before the jobs router: well-formed submits skip FastAPI's per-request work.
     app.router.routes.append(plain_submit_route(jobs.create_job_route()))
-    for module in (jobs, runtime, teams, users):
+    for module in (jobs, job_outputs, runtime, teams, users):
         app.include_router(module.router, responses=V1_ERRORS)
     configure_logging(settings.log.format, settings.log.level)
     install_transition_metrics()

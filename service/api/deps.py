@@ -10,12 +10,13 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
-from service.core.roles import may_write
+from service.core.roles import may_write, viewer_refusal
 from service.core.states import AttemptStatus, JobStatus
+from service.db.jobs import get_job
 from service.db.models import Attempt, Job, Team, User
 from service.db.session import get_engine
-from service.db.users import Caller, caller_by_token, member_by_token
-from service.security import attempt_token_valid
+from service.db.users import member_by_token
+from service.security import MISSING_TOKEN, UNKNOWN_TOKEN, attempt_token_valid
 from service.settings import Settings
 
 bearer = HTTPBearer(auto_error=False)
@@ -39,7 +40,7 @@ SessionDep = Annotated[Session, Depends(get_db)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def _unauthorized(detail: str) -> HTTPException:
+def unauthorized(detail: str) -> HTTPException:
     return HTTPException(
         status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"}
     )
@@ -61,23 +62,13 @@ def member_of(session: Session, credentials: HTTPAuthorizationCredentials | None
     """The caller behind the bearer token, or 401."""
     found = member_by_token(session, _token(credentials))
     if found is None:
-        raise _unauthorized("unknown or revoked token")
+        raise unauthorized(UNKNOWN_TOKEN)
     return Member(*found)
-
-
-def submitter_of(session: Session, credentials: HTTPAuthorizationCredentials | None) -> Caller:
-    """The caller behind the bearer token as plain values, if they may submit; 401 or 403."""
-    caller = caller_by_token(session, _token(credentials))
-    if caller is None:
-        raise _unauthorized("unknown or revoked token")
-    if not caller.can_write:
-        raise _viewer(caller.user_name)
-    return caller
 
 
 def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
     if credentials is None:
-        raise _unauthorized("missing bearer token (set ZEROPILOT_TOKEN for the CLI)")
+        raise unauthorized(MISSING_TOKEN)
     return credentials.credentials
 
 
@@ -89,6 +80,15 @@ async def get_current_user(member: CurrentMember) -> User:
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]
+
+
+def visible_job(session: Session, user: User, job_id: str) -> Job:
+    """The job, if the user may see it; else 404 (another team's job is "not found", not
+    "forbidden": its existence is not disclosed)."""
+    job = get_job(session, job_id, None if user.is_admin else user.team_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
+    return job
 
 
 async def get_admin(user: CurrentUser) -> User:
@@ -109,10 +109,7 @@ def writing(member: Member) -> Member:
 
 
 def _viewer(name: str) -> HTTPException:
-    return HTTPException(
-        status.HTTP_403_FORBIDDEN,
-        detail=f"user {name} is a viewer: viewers read jobs but cannot submit or cancel",
-    )
+    return HTTPException(status.HTTP_403_FORBIDDEN, detail=viewer_refusal(name))
 
 
 async def get_writer(member: CurrentMember) -> User:
@@ -127,14 +124,14 @@ def get_reporting_attempt(
 ) -> Attempt:
     """The attempt a training process reports for, proven by its runtime token."""
     if credentials is None:
-        raise _unauthorized("missing attempt token")
+        raise unauthorized("missing attempt token")
     if not attempt_token_valid(settings.secret_key(), attempt_id, credentials.credentials):
-        raise _unauthorized("attempt token does not match this attempt")
+        raise unauthorized("attempt token does not match this attempt")
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"attempt {attempt_id} not found")
     if why := _token_expired(attempt, session.get(Job, attempt.job_id)):
-        raise _unauthorized(f"attempt token expired: {why}; reports are no longer accepted")
+        raise unauthorized(f"attempt token expired: {why}; reports are no longer accepted")
     return attempt
 
 

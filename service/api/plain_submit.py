@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 
-from fastapi import HTTPException
 from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
@@ -25,11 +24,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from service.api.deps import bearer, get_settings, submitter_of
-from service.api.routes.jobs import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
+from service.api.deps import bearer, get_settings
+from service.api.submitting import (
+    IDEMPOTENCY_KEY_MAX,
+    IDEMPOTENCY_KEY_PATTERN,
+    as_http,
+    submit,
+)
 from service.core.spec import JobSpec
 from service.db.session import get_engine
 from service.settings import Settings
+from service.submit import Forbidden, Unauthorised, submitter
 
 _KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
@@ -69,10 +74,12 @@ def _refusal_of_caller(
     settings: Settings, credentials: HTTPAuthorizationCredentials | None
 ) -> Response | None:
     """The 401 or 403 a submit with these credentials gets, or None when they may submit."""
+    token = credentials.credentials if credentials is not None else None
     with Session(get_engine(settings.database_url)) as session:
         try:
-            submitter_of(session, credentials)
-        except HTTPException as exc:
+            submitter(session, token)
+        except (Unauthorised, Forbidden) as refused:
+            exc = as_http(refused)
             return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
     return None
 

@@ -4,7 +4,8 @@ The advisor plans the job for every eligible profile (each GPU type gets its own
 same job can be ZeRO-3 with checkpointing on one GPU and ZeRO-2 across eight); admission says
 where it would start now. The job goes where it starts now, then where its plan is predicted to
 train fastest (tokens per second of the whole job); ties keep the profiles' order. Each cluster
-left out is named with the reason. Pure: the API gathers the admission state and applies it.
+left out is named with the reason. Pure: ``service.db.placing`` gathers the admission state
+for every caller (a submit, a re-placement, advice) and they apply the choice.
 
 With ``resources.placement: cost`` the job goes where it is predicted to cost least: its GPUs
 times its predicted hours times the profile's ``usd_per_gpu_hour`` (without a length, the cost
@@ -16,12 +17,12 @@ picks among the unpriced clusters, by time, only when no priced cluster can run 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from math import floor, log10
 from typing import Literal
 
-from service.core.advisor.models import Advice, NoPlanFits
+from service.core.advisor.models import Advice, BadOverrides, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 
@@ -72,19 +73,10 @@ class Option:
         return plan.tokens_per_second or 0.0 if plan else 0.0
 
 
-def candidates(spec: JobSpec, profiles: Sequence[ClusterProfile]) -> list[Option | ClusterProfile]:
-    """The profiles the spec may run on (``resources.clusters`` limits them), and for each one
-    it cannot run on an Option saying why."""
+def listed(spec: JobSpec, profiles: Iterable[ClusterProfile]) -> list[ClusterProfile]:
+    """The profiles the job may go to: every one, or those its ``resources.clusters`` names."""
     allowed = set(spec.resources.clusters or ())
-    chosen: list[Option | ClusterProfile] = []
-    for profile in profiles:
-        if allowed and profile.name not in allowed:
-            continue
-        if why := _cannot_run(spec, profile):
-            chosen.append(Option(profile.name, ruled_out=why))
-        else:
-            chosen.append(profile)
-    return chosen
+    return [profile for profile in profiles if not allowed or profile.name in allowed]
 
 
 def plan_everywhere(
@@ -94,31 +86,41 @@ def plan_everywhere(
     waits: Callable[[ClusterProfile], str | None],
     start_in: Callable[[ClusterProfile], float | None] = lambda _profile: None,
 ) -> list[Option]:
-    """Every eligible cluster with its plan (or why none fits), why it would wait and, then,
-    when it would start."""
+    """Every listed cluster with why it cannot run the job, or why it would wait there, when
+    it would start and its plan: the pure pipeline (the service's, with admission's limits
+    and a moving job's rules, is ``service.db.placing``)."""
     options = []
-    for entry in candidates(spec, profiles):
-        if isinstance(entry, Option):
-            options.append(entry)
+    for profile in listed(spec, profiles):
+        if why := cannot_run(spec, profile):
+            options.append(Option(profile.name, ruled_out=why))
             continue
-        placed = spec.model_copy(update={"resources": spec.resources.model_copy(
-            update={"cluster": entry.name})})  # fmt: skip
-        try:
-            advice = plan(placed, entry)
-        except NoPlanFits as exc:
-            options.append(Option(entry.name, ruled_out=f"no plan fits: {exc}"))
-            continue
-        except ValueError as exc:  # e.g. zero.overrides that break the batch there
-            options.append(Option(entry.name, ruled_out=str(exc)))
-            continue
-        why = waits(entry)
-        start = start_in(entry) if why else None
-        step_s = spec.training.step_seconds(advice.plan.tokens_per_second)
-        duration_s = spec.training.steps * step_s if spec.training.steps and step_s else None
-        price = entry.usd_per_gpu_hour
-        usd_per_hour = price * spec.resources.world_size if price is not None else None
-        options.append(Option(entry.name, advice, "", why, start, duration_s, step_s, usd_per_hour))
+        wait = waits(profile)
+        options.append(planned(spec, profile, plan, wait, start_in(profile) if wait else None))
     return options
+
+
+def planned(
+    spec: JobSpec,
+    profile: ClusterProfile,
+    plan: Callable[[JobSpec, ClusterProfile], Advice],
+    waits: str | None,
+    start_in_s: float | None,
+) -> Option:
+    """The job planned for ``profile`` with its pace and price there, or ruled out where no
+    plan fits (or its ``zero.overrides`` break the plan there)."""
+    placed = spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"cluster": profile.name})})  # fmt: skip
+    try:
+        advice = plan(placed, profile)
+    except NoPlanFits as exc:
+        return Option(profile.name, ruled_out=f"no plan fits: {exc}")
+    except BadOverrides as exc:
+        return Option(profile.name, ruled_out=str(exc))
+    step_s = spec.training.step_seconds(advice.plan.tokens_per_second)
+    duration_s = spec.training.steps * step_s if spec.training.steps and step_s else None
+    price = profile.usd_per_gpu_hour
+    usd_per_hour = price * spec.resources.world_size if price is not None else None
+    return Option(profile.name, advice, "", waits, start_in_s, duration_s, step_s, usd_per_hour)
 
 
 def choose(options: Sequence[Option], by: Placement = "time") -> Option | None:
@@ -212,7 +214,8 @@ def span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _cannot_run(spec: JobSpec, profile: ClusterProfile) -> str:
+def cannot_run(spec: JobSpec, profile: ClusterProfile) -> str:
+    """Why the job cannot run on ``profile`` whatever its load ("": it can)."""
     if spec.resources.nodes > profile.max_nodes:
         return f"offers at most {profile.max_nodes} nodes, the job asks for {spec.resources.nodes}"
     if spec.resources.gpus_per_node > profile.gpus_per_node:

@@ -31,6 +31,11 @@ def may_write(is_admin: bool, role: str) -> bool:
     return is_admin or Role(role).can_write
 
 
+def viewer_refusal(name: str) -> str:
+    """Why a viewer's submit or cancel is refused."""
+    return f"user {name} is a viewer: viewers read jobs but cannot submit or cancel"
+
+
 def may_create_user(
     caller_is_admin: bool, caller_role: Role, caller_team: str, team: str, makes_admin: bool
 ) -> str | None:

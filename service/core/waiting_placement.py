@@ -40,10 +40,14 @@ def settled_since(now: datetime, rule: Hysteresis) -> datetime:
 
 def move_to(here: Option, options: Sequence[Option], rule: Hysteresis) -> Option | None:
     """Where a waiting job should go instead of ``here`` (one of ``options``), or None to stay:
-    the time rule's choice, when it ends (starts, without a length) earlier by the margins."""
+    the time rule's choice, when it ends (starts, without a length) earlier by the margins, or
+    at once when it can no longer run ``here`` (a cap lowered under it: it would wait for ever
+    and hold up the cluster's queue)."""
     best = choose(options)
     if best is None or best.cluster == here.cluster:
         return None
+    if here.advice is None:
+        return best
     stay, go = finish_s(here), finish_s(best)
     if go is None:
         return None
@@ -62,6 +66,11 @@ def finish_s(option: Option) -> float | None:
 
 def moved_words(here: Option, there: Option) -> str:
     """Why it moved, for the job's event."""
+    if here.advice is None:
+        return (
+            f"re-placed on {there.cluster}: it can no longer run on {here.cluster}"
+            f" ({here.ruled_out})"
+        )
     what = "end" if there.duration_s is not None else "start"
     return (
         f"re-placed on {there.cluster}: expected to {what} {_when(there)} instead of"

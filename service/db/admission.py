@@ -13,10 +13,10 @@ last free GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, exists, func, update
+from sqlalchemy import Row, and_, exists, func, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
@@ -24,7 +24,7 @@ from service.core.admission import Cap, Held, Limits, Waiting, admit, never_fits
 from service.core.clusters import ClusterProfile
 from service.core.preemption import borrow_backoff
 from service.core.states import JobStatus
-from service.db.cluster_bounds import cap_of, caps_of
+from service.db.cluster_bounds import caps_of
 from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
 from service.db.models import AdmissionTurn, HeldGpus, Job, Team, as_utc, utcnow
@@ -84,14 +84,16 @@ def would_wait(
     cap: Cap,
     borrowing: bool = False,
     moving_from: str | None = None,
+    excluding: str | None = None,
 ) -> str | None:
     """Why a job of the caller's would wait on ``cluster`` now, or None: reads only (placement
     asks it of every cluster; ``decide_submitted`` asks it under the admission turn). A job
-    ``moving_from`` another cluster still holds its GPUs there, which it gives up as it moves."""
+    ``moving_from`` another cluster still holds its GPUs there, which it gives up as it moves;
+    ``excluding``: a waiting job asking for itself, not among the jobs that wait."""
     team = caller.team_name
     if caller.gpu_quota is None and cap.gpus is None:
         return None
-    held, team_waits, cluster_waits = submit_view(session, caller, cluster)
+    held, team_waits, cluster_waits = submit_view(session, caller, cluster, excluding)
     if moving_from is not None:  # its own GPUs are no limit to it
         held.by_team[team] -= gpus
         if cluster == moving_from:
@@ -108,24 +110,6 @@ def would_wait(
     if borrowing and cap.gpus is None and caller.gpu_quota is not None:
         return _pool_full(session, gpus, held_already=gpus if moving_from is not None else 0)
     return None
-
-
-def wait_reasons(
-    session: Session,
-    caller: Caller,
-    gpus: int,
-    priority: int,
-    borrowing: bool,
-    moving_from: str | None = None,
-) -> Callable[[ClusterProfile], str]:
-    """``would_wait`` per cluster, as placement asks it ("": it would start now)."""
-
-    def waits(profile: ClusterProfile) -> str:
-        cap = cap_of(session, profile)
-        why = would_wait(session, caller, profile.name, gpus, priority, cap, borrowing, moving_from)
-        return why or ""
-
-    return waits
 
 
 def _pool_full(session: Session, gpus: int, held_already: int = 0) -> str | None:
@@ -149,12 +133,17 @@ def _pool_full(session: Session, gpus: int, held_already: int = 0) -> str | None
     )
 
 
-def submit_view(session: Session, caller: Caller, cluster: str) -> tuple[Held, bool, bool]:
-    """GPUs held by the team and on the cluster, and whether jobs wait in either."""
+def submit_view(
+    session: Session, caller: Caller, cluster: str, excluding: str | None = None
+) -> tuple[Held, bool, bool]:
+    """GPUs held by the team and on the cluster, and whether jobs (but ``excluding``) wait in
+    either."""
     held = select(func.coalesce(func.sum(HeldGpus.gpus), 0))
     by_team = held.where(col(HeldGpus.team_id) == caller.team_id).scalar_subquery()
     by_cluster = held.where(col(HeldGpus.cluster) == cluster).scalar_subquery()
     pending = col(Job.status) == JobStatus.PENDING
+    if excluding is not None:
+        pending = and_(pending, col(Job.id) != excluding)
     team_waits = exists().where(pending, col(Job.team_id) == caller.team_id)
     cluster_waits = exists().where(pending, col(Job.cluster) == cluster)
     row = session.execute(select(by_team, by_cluster, team_waits, cluster_waits)).one()
@@ -243,12 +232,13 @@ def any_waiting(session: Session) -> bool:
 
 
 def refusal(
-    caller: Caller, cluster: str, gpus: int, cap: Cap, borrowing: bool = False
+    caller: Caller | None, cluster: str, gpus: int, cap: Cap, borrowing: bool = False
 ) -> str | None:
     """Why a job of ``gpus`` GPUs could never be admitted in the caller's team, or None (with
-    borrowing, a job larger than its team's quota may still run on lent GPUs)."""
-    team = caller.team_name
-    quota = None if borrowing else caller.gpu_quota
+    borrowing, a job larger than its team's quota may still run on lent GPUs). Without a
+    caller (advice) only the cluster's cap bounds it."""
+    team = caller.team_name if caller else ""
+    quota = None if borrowing or caller is None else caller.gpu_quota
     limits = Limits.of_caps({cluster: cap}, team_quota={team: quota})
     return never_fits(gpus, team, cluster, limits)
 

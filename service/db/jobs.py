@@ -37,6 +37,9 @@ from service.db.users import Caller
 SelectT = TypeVar("SelectT", bound=Select[Any])
 # session.info key: the events of jobs written as plain rows, with their cluster and team.
 NEW_JOB_EVENTS = "zeropilot_new_job_events"
+# A job's detail carries at most this many of its latest events, metrics and checkpoints, so
+# its size is bounded however long the job runs; the metrics and checkpoints reads page.
+DETAIL_ROWS = 10_000
 
 
 class IdempotencyConflict(Exception):
@@ -295,13 +298,16 @@ def events_of(session: Session, job_id: str) -> Sequence[JobEvent]:
     return session.exec(query).all()
 
 
-def metrics_of(session: Session, job_id: str, after_id: int = 0) -> Sequence[MetricPoint]:
+def metrics_of(
+    session: Session, job_id: str, after_id: int = 0, limit: int = DETAIL_ROWS
+) -> Sequence[MetricPoint]:
+    """A job's metric points after ``after_id``, oldest first, at most ``limit``."""
     query = (
         select(MetricPoint)
         .where(MetricPoint.job_id == job_id, col(MetricPoint.id) > after_id)
         .order_by(col(MetricPoint.id))
     )
-    return session.exec(query).all()
+    return session.exec(query.limit(limit)).all()
 
 
 @dataclass(frozen=True)
@@ -333,9 +339,44 @@ def progress_of(session: Session, job_ids: Sequence[str]) -> dict[str, Progress]
     }
 
 
-def checkpoints_of(session: Session, job_id: str) -> Sequence[Checkpoint]:
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.id))
-    return session.exec(query).all()
+def checkpoints_of(
+    session: Session, job_id: str, after_id: int = 0, limit: int = DETAIL_ROWS
+) -> Sequence[Checkpoint]:
+    """A job's reported checkpoints after ``after_id``, oldest first, at most ``limit``."""
+    query = (
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id, col(Checkpoint.id) > after_id)
+        .order_by(col(Checkpoint.id))
+    )
+    return session.exec(query.limit(limit)).all()
+
+
+Recorded = TypeVar("Recorded", JobEvent, MetricPoint, Checkpoint)
+
+
+def latest_of(session: Session, table: type[Recorded], job_id: str) -> list[Recorded]:
+    """A job's newest ``DETAIL_ROWS`` events, metric points or checkpoints, oldest first."""
+    query = select(table).where(table.job_id == job_id).order_by(col(table.id).desc())
+    return list(reversed(session.exec(query.limit(DETAIL_ROWS)).all()))
+
+
+def job_fields(job: Job) -> dict[str, Any]:
+    # getattr, not model_dump: it reloads attributes that a commit expired.
+    return {name: getattr(job, name) for name in Job.model_fields}
+
+
+def job_record(session: Session, job: Job, team: str) -> dict[str, Any]:
+    """The job as its detail shows it: its fields, team name, attempts, and its latest events,
+    metric points and checkpoints (bounded however long it runs)."""
+    return {
+        **job_fields(job),
+        "team": team,
+        "attempts": attempts_of(session, job.id),
+        "events": latest_of(session, JobEvent, job.id),
+        "metrics": latest_of(session, MetricPoint, job.id),
+        "checkpoints": latest_of(session, Checkpoint, job.id),
+        "checkpoint_bytes": checkpoint_bytes(session, job.id),
+    }
 
 
 def record_metric(session: Session, attempt: Attempt, values: dict[str, Any]) -> MetricPoint:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, or_, update
+from sqlalchemy import and_, case, func, or_, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
@@ -30,31 +30,38 @@ def expected_start_s(
     gpus: int,
     cap: Cap,
     excluding: str | None = None,
+    moving_from: str | None = None,
 ) -> float | None:
     """Seconds until a job of ``gpus`` GPUs of the caller's team would start on ``cluster``:
     the later of the two limits' answers; None when a limit needs a job whose end is unknown.
-    ``excluding``: a waiting job asking for itself, not counted among those ahead of it."""
+    ``excluding``: the job asking for itself, not counted among those ahead of it or holding
+    GPUs; ``moving_from``: the cluster where it still holds its GPUs, given up as it moves."""
     held, _team_waits, _cluster_waits = submit_view(session, caller, cluster)
+    own = gpus if moving_from is not None else 0
     starts = []
     if caller.gpu_quota is not None:
-        team = col(Job.team_id) == caller.team_id
-        free = caller.gpu_quota - held.by_team[caller.team_name]
-        need = gpus + _waiting_gpus(session, team, excluding)
+        team = _others(col(Job.team_id) == caller.team_id, excluding)
+        free = caller.gpu_quota - held.by_team[caller.team_name] + own
+        need = gpus + _waiting_gpus(session, team)
         starts.append(start_in_s(session, team, need - free))
     if cap.gpus is not None:
-        on_cluster = col(Job.cluster) == cluster
-        free = cap.gpus - held.by_cluster[cluster]
-        need = gpus + _waiting_gpus(session, on_cluster, excluding)
+        on_cluster = _others(col(Job.cluster) == cluster, excluding)
+        free = cap.gpus - held.by_cluster[cluster] + (own if cluster == moving_from else 0)
+        need = gpus + _waiting_gpus(session, on_cluster)
         starts.append(start_in_s(session, on_cluster, need - free))
     if any(start is None for start in starts):
         return None
     return max((s for s in starts if s is not None), default=0.0)
 
 
-def _waiting_gpus(session: Session, where: Any, excluding: str | None = None) -> int:
+def _others(where: Any, excluding: str | None) -> Any:
+    return where if excluding is None else and_(where, col(Job.id) != excluding)
+
+
+def _waiting_gpus(session: Session, where: Any) -> int:
     """GPUs of the jobs already waiting under the same limit: a new job waits behind them."""
     query = sql_select(func.coalesce(func.sum(col(Job.gpus)), 0)).where(
-        col(Job.status) == JobStatus.PENDING, where, col(Job.id) != (excluding or "")
+        col(Job.status) == JobStatus.PENDING, where
     )
     return int(session.execute(query).scalar_one())
 

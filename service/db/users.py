@@ -110,3 +110,12 @@ def checkpoint_roots_of(session: Session, team_id: int) -> list[str]:
     """The folders where the team's jobs may name their own checkpoint.dir."""
     roots = session.exec(select(Team.checkpoint_roots).where(Team.id == team_id)).first()
     return list(roots or [])
+
+
+def team_names(session: Session) -> dict[int, str]:
+    """Every team's name by id."""
+    return {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
+
+
+def team_id_named(session: Session, name: str) -> int | None:
+    return session.exec(select(Team.id).where(Team.name == name)).first()

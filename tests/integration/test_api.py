@@ -127,6 +127,18 @@ def test_bad_input_is_422_naming_the_field_and_stores_nothing(
     assert queued_tasks(redis_url) == []
 
 
+def test_more_gpus_per_node_than_the_cluster_has_is_refused_naming_resources(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    wide = tiny_spec(resources={"cluster": "local", "gpus_per_node": 4})
+    response = client.post("/v1/jobs", json=wide, headers=auth(tokens["alice"]))
+
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"] == ["body", "resources"]  # not zero.overrides: the user set none
+    assert "resources.gpus_per_node (4) exceeds the 2 per node that cluster 'local'" in error["msg"]
+
+
 def test_other_teams_jobs_are_not_found(client: TestClient, tokens: dict[str, str]) -> None:
     job = client.post("/v1/jobs", json=tiny_spec(), headers=auth(tokens["alice"])).json()
     for path in ("", "/logs", "/metrics", "/checkpoints"):

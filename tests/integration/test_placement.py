@@ -209,6 +209,41 @@ def test_with_nowhere_else_to_go_a_failed_launch_fails_the_job_and_says_why(
 
 
 @pytest.fixture
+def broken_and_small(one_broken: Settings, tmp_path: Path) -> Settings:
+    """The broken GPU cluster, and the CPU one capped at 1 GPU: a 2-GPU job can never run there."""
+    profiles = yaml.safe_load(one_broken.clusters.profiles_file.read_text())  # type: ignore[union-attr]
+    profiles["clusters"][1]["max_gpus"] = 1
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(yaml.safe_dump(profiles))
+    return one_broken.model_copy(update={"clusters": ClusterSettings(profiles_file=capped)})
+
+
+def test_a_failed_launch_never_strands_a_job_where_it_can_never_be_admitted(
+    broken_and_small: Settings, tokens: dict[str, str]
+) -> None:
+    with TestClient(create_app(broken_and_small)) as client:
+        alice, bob = auth(tokens["alice"]), auth(tokens["bob"])
+        alone = client.post("/v1/jobs", json=bigger("alone", clusters=("cpu-b",)), headers=alice)
+        advised = client.post("/v1/advice", json=bigger("ask", ("cpu-b",)), headers=alice)
+        job = client.post("/v1/jobs", json=bigger("big"), headers=alice).json()
+        assert job["cluster"] == "gpu-a", job["advice_reason"]
+        launch_attempt(broken_and_small, job["attempts"][0]["id"])  # sbatch cannot read its config
+        failed = client.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+        small = {**tiny_spec("small"), "resources": {"cluster": "cpu-b", "gpus_per_node": 1}}
+        other_team = client.post("/v1/jobs", json=small, headers=bob).json()
+
+    never = "the job needs 2 GPUs and zeropilot admits at most 1 on cpu-b"
+    assert alone.status_code == 422 and never in alone.text
+    assert advised.status_code == 422 and never in advised.text  # advice has the same bound
+    assert (failed["status"], failed["failure_class"]) == ("FAILED", "LAUNCH_ERROR")
+    assert (
+        f"no other cluster can run it (gpu-a: a launch of this job failed there; cpu-b: {never})"
+        in failed["message"]
+    )
+    assert (other_team["cluster"], other_team["status"]) == ("cpu-b", "QUEUED")  # nothing ahead
+
+
+@pytest.fixture
 def priced_pair(fast_and_slow: Settings, tmp_path: Path) -> Settings:
     """The fast and slow clusters with prices: the H100s cost 4x the A100s by the hour."""
     profiles = yaml.safe_load(fast_and_slow.clusters.profiles_file.read_text())  # type: ignore[union-attr]

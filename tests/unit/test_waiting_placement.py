@@ -86,6 +86,21 @@ def test_where_it_is_already_the_best_choice_it_stays() -> None:
     assert move_to(waiting(a100, None), [waiting(a100, None)], RULE) is None  # nowhere else
 
 
+def test_a_job_its_cluster_can_no_longer_admit_moves_to_one_that_can_whatever_the_gain() -> None:
+    a100, _ = both(steps=20_000)
+    capped = "the job needs 8 GPUs and zeropilot admits at most 4 on h100"
+    here = Option("h100", ruled_out=capped)  # a cap lowered under it: it would wait for ever
+    busy = waiting(a100, start_in_s=2 * 3600.0)  # the other cluster has a queue: no matter
+
+    there = move_to(here, [busy, here], RULE)
+
+    assert there is not None and there.cluster == "a100-40"
+    assert (
+        moved_words(here, there) == f"re-placed on a100-40: it can no longer run on h100 ({capped})"
+    )
+    assert move_to(here, [here], RULE) is None  # nowhere else can run it: it stays
+
+
 def test_a_job_placed_within_the_settling_time_is_not_moved_again() -> None:
     now = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
     since = settled_since(now, RULE)

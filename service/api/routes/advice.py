@@ -2,9 +2,11 @@
 
 These routes only compute; they store nothing and touch no cluster. They know the cluster
 profiles through the ``cluster_profiles`` dependency: the application's
-``app.state.cluster_profiles`` (set by ``create_app``), else only ``local``, so that this module
-imports nothing but ``service.core`` and FastAPI. Not ``app.dependency_overrides``: while that
-mapping is not empty, FastAPI rebuilds every route's dependency tree on every request.
+``app.state.cluster_profiles`` (set by ``create_app``), else only ``local``. Not
+``app.dependency_overrides``: while that mapping is not empty, FastAPI rebuilds every route's
+dependency tree on every request. Only ``cluster: auto`` reads the database: it places the job
+through the submit's own entry (``service.db.placing``), so advice never names a cluster whose
+cap the job is over.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from sqlmodel import Session
 
-from service.core.advisor import Candidate, NoPlanFits, advise
+from service.core.advisor import BadOverrides, Candidate, ClusterTooSmall, NoPlanFits, advise
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.limits import plain_document
-from service.core.placement import AUTO, choose, plan_everywhere, summary
+from service.core.placement import AUTO
 from service.core.spec import JobSpec
+from service.db.placing import place
+from service.db.session import get_engine
 from service.metrics import ADVISOR_SECONDS
+from service.settings import Settings
 
 router = APIRouter(prefix="/v1/advice", tags=["advice"])
 
@@ -78,21 +84,24 @@ def advise_job(
         ),
     ],
     profiles: ProfilesDep,
+    request: Request,
     policy: Annotated[PolicyName | None, Query()] = None,
 ) -> AdvicePublic:
     """Every candidate configuration for the job, the chosen plan and why; nothing is stored."""
     chosen = _policy(body.pop("policy", None), policy)
     spec = parse_job(body)
     if spec.resources.cluster == AUTO:
-        return _placed_advice(spec, profiles, chosen)
+        return _placed_advice(spec, profiles, chosen, request.app.state.settings)
     profile = profile_for(spec, profiles)
     try:
         with ADVISOR_SECONDS.labels("/v1/advice").time():
             advice = advise(spec, profile, chosen)
     except NoPlanFits as exc:
         raise _no_plan(exc) from exc
-    except ValueError as exc:
-        raise unprocessable(["body"], str(exc)) from exc
+    except BadOverrides as exc:
+        raise unprocessable(["body", "zero", "overrides"], str(exc)) from exc
+    except ClusterTooSmall as exc:
+        raise unprocessable(["body", "resources"], str(exc)) from exc
     return AdvicePublic(
         plan=advice.plan,
         candidates=advice.candidates,
@@ -111,20 +120,19 @@ def lint_config(request: LintRequest, profiles: ProfilesDep) -> LintPublic:
 
 
 def _placed_advice(
-    spec: JobSpec, profiles: dict[str, ClusterProfile], policy: PolicyName
+    spec: JobSpec, profiles: dict[str, ClusterProfile], policy: PolicyName, settings: Settings
 ) -> AdvicePublic:
     """``cluster: auto``: the plan of the cluster placement would choose were every cluster
     free (a submit also weighs where it would start now), the others in the reason."""
-    with ADVISOR_SECONDS.labels("/v1/advice").time():
-        options = plan_everywhere(
-            spec, list(profiles.values()), lambda s, p: advise(s, p, policy), lambda _p: None
-        )
-    best = choose(options, spec.resources.placement)
+    engine = get_engine(settings.database_url)
+    with Session(engine) as session, ADVISOR_SECONDS.labels("/v1/advice").time():
+        placed = place(session, spec, profiles, None, plan=lambda s, p: advise(s, p, policy))
+    best = placed.chosen
     if best is None or best.advice is None:
-        why = "; ".join(f"{o.cluster}: {o.ruled_out}" for o in options) or "none configured"
+        why = placed.ruled_out() or "none configured"
         raise unprocessable(["body", "resources", "cluster"], f"no cluster can run it ({why})")
     advice = best.advice
-    reason = f"{summary(options, best, spec.resources.placement)}. {advice.reason}"
+    reason = f"{placed.summary()}. {advice.reason}"
     return AdvicePublic(
         plan=advice.plan, candidates=advice.candidates, warnings=advice.warnings, reason=reason
     )

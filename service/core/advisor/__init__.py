@@ -5,6 +5,21 @@ the workers and the escalation ladder all call ``advise`` and read ``Candidate``
 """
 
 from service.core.advisor.advise import advise
-from service.core.advisor.models import Advice, Candidate, NoPlanFits, PerGpuBytes
+from service.core.advisor.models import (
+    Advice,
+    BadOverrides,
+    Candidate,
+    ClusterTooSmall,
+    NoPlanFits,
+    PerGpuBytes,
+)
 
-__all__ = ["Advice", "Candidate", "NoPlanFits", "PerGpuBytes", "advise"]
+__all__ = [
+    "Advice",
+    "BadOverrides",
+    "Candidate",
+    "ClusterTooSmall",
+    "NoPlanFits",
+    "PerGpuBytes",
+    "advise",
+]

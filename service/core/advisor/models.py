@@ -97,6 +97,15 @@ class Advice(BaseModel):
     reason: str
 
 
+class BadOverrides(ValueError):
+    """``zero.overrides`` that contradict the plan or break the batch identity: the user's
+    field to fix, not the cluster's (a ValueError, so callers that caught that still do)."""
+
+
+class ClusterTooSmall(ValueError):
+    """The job asks for more nodes or GPUs per node than the cluster has."""
+
+
 class NoPlanFits(Exception):
     """No candidate fits the memory budget; carries the closest one and the overshoot."""
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import ds_templates
 from service.core.advisor.layout import Knobs, Layout, Workload
+from service.core.advisor.models import BadOverrides
 from service.core.spec import TrainingSpec
 
 QUIET_STEPS = 1_000_000_000  # DeepSpeed prints every `steps_per_print` steps; keep logs quiet
@@ -89,13 +90,13 @@ def _fill_zero_knobs(zero: dict[str, Any], layout: Layout) -> None:
 
 
 def check_rendered(config: dict[str, Any], layout: Layout, world_size: int) -> None:
-    """Raise ValueError when merged overrides contradict the plan or the batch identity."""
+    """Raise BadOverrides when merged overrides contradict the plan or the batch identity."""
     check_batch_identity(config, world_size)
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise ValueError("zero.overrides: 'zero_optimization' must be an object")
+        raise BadOverrides("zero.overrides: 'zero_optimization' must be an object")
     if zero.get("stage", 0) != layout.stage:
-        raise ValueError(
+        raise BadOverrides(
             f"zero.overrides sets zero_optimization.stage={zero.get('stage')!r} but the plan is "
             f"stage {layout.stage}; pin the stage with zero.stage instead"
         )
@@ -105,7 +106,7 @@ def check_rendered(config: dict[str, Any], layout: Layout, world_size: int) -> N
     ):
         device = _offload_device(zero.get(key))
         if (device == "cpu") != offloaded or device not in ("none", "cpu"):
-            raise ValueError(
+            raise BadOverrides(
                 f"zero.overrides sets zero_optimization.{key}.device={device!r}, which the plan "
                 "does not use; choose offload with zero.offload instead"
             )
@@ -120,7 +121,7 @@ def _offload_device(block: Any) -> str:
 
 
 def check_batch_identity(config: dict[str, Any], world_size: int) -> None:
-    """Raise ValueError unless train_batch_size = micro x accumulation x world size."""
+    """Raise BadOverrides unless train_batch_size = micro x accumulation x world size."""
     numbers = {}
     for key in (
         "train_batch_size",
@@ -129,7 +130,7 @@ def check_batch_identity(config: dict[str, Any], world_size: int) -> None:
     ):
         value = config.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer, not {value!r}")
+            raise BadOverrides(f"{key} must be a positive integer, not {value!r}")
         numbers[key] = value
     total = numbers["train_batch_size"]
     micro, accumulation = (
@@ -137,7 +138,7 @@ def check_batch_identity(config: dict[str, Any], world_size: int) -> None:
         numbers["gradient_accumulation_steps"],
     )
     if total != micro * accumulation * world_size:
-        raise ValueError(
+        raise BadOverrides(
             f"train_batch_size ({total}) must equal train_micro_batch_size_per_gpu ({micro}) x "
             f"gradient_accumulation_steps ({accumulation}) x world size ({world_size}) = "
             f"{micro * accumulation * world_size}"
@@ -148,7 +149,7 @@ def knobs_from_overrides(base: Knobs, overrides: dict[str, Any]) -> Knobs:
     """The memory-relevant knobs after the user's overrides, so predictions match the config."""
     zero = overrides.get("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise ValueError("zero.overrides: 'zero_optimization' must be an object")
+        raise BadOverrides("zero.overrides: 'zero_optimization' must be an object")
     pin = _override_pin(zero, base.pin_memory)
     return Knobs(
         reduce_bucket_size=_int_knob(zero, ("reduce_bucket_size",), base.reduce_bucket_size),
@@ -176,7 +177,7 @@ def _int_knob(zero: dict[str, Any], names: tuple[str, ...], default: int) -> int
         if name in zero:
             value = zero[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(
+                raise BadOverrides(
                     f"zero_optimization.{name} must be a non-negative number, not {value!r}"
                 )
             return int(value)

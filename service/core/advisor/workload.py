@@ -14,7 +14,7 @@ from service.core.advisor.constants import (
 )
 from service.core.advisor.hardware import Hardware, hardware_for
 from service.core.advisor.layout import Workload
-from service.core.advisor.models import GIB
+from service.core.advisor.models import GIB, ClusterTooSmall
 from service.core.advisor.shape import resolve_shape
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec, OptimizerImpl
@@ -64,12 +64,12 @@ def resolve_optimizer_impl(spec: JobSpec, profile: ClusterProfile) -> str:
 def check_resources(spec: JobSpec, profile: ClusterProfile) -> None:
     resources = spec.resources
     if resources.gpus_per_node > profile.gpus_per_node:
-        raise ValueError(
+        raise ClusterTooSmall(
             f"resources.gpus_per_node ({resources.gpus_per_node}) exceeds the "
             f"{profile.gpus_per_node} per node that cluster '{profile.name}' offers"
         )
     if resources.nodes > profile.max_nodes:
-        raise ValueError(
+        raise ClusterTooSmall(
             f"resources.nodes ({resources.nodes}) exceeds the {profile.max_nodes} nodes "
             f"that cluster '{profile.name}' allows"
         )
