@@ -9,7 +9,8 @@ apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished
   scheduler queues): the profile's ``max_gpus``, or lower where the cluster itself limits
   zeropilot (a Kubernetes namespace's GPU quota, ``Cap.source`` names it). A job over it
   waits, and so does every job ordered after it on that cluster: no backfill, so a large job
-  is never starved by a stream of small ones.
+  is never starved by a stream of small ones. A job larger than the whole cap (stored before
+  the cap was lowered) waits without holding anyone back.
 
 Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
 GPUs per share unit first (recomputed after each admission, so two teams with equal shares
@@ -162,9 +163,12 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
             reasons[job.job_id] = why  # preemption reclaims what is lent
             return
         if why := _over_cap(job, by_cluster, limits):
+            borrowing.discard(job.job_id)
+            if beyond := _beyond_cap(job, limits):  # it can never start: it holds no one back
+                reasons[job.job_id] = beyond
+                return
             reasons[job.job_id] = why
             blocked.add(job.cluster)
-            borrowing.discard(job.job_id)
             return
         admitted.append(job.job_id)
         still_waiting.discard(job.job_id)
@@ -258,15 +262,27 @@ def _over_cap(job: Waiting, by_cluster: dict[str, int], limits: Limits) -> str |
     return None
 
 
+def _beyond_cap(job: Waiting, limits: Limits) -> str | None:
+    """Why the job needs more than the cluster's whole cap (one lowered under it), or None."""
+    too_small = _cap_too_small(job.gpus, job.cluster, limits)
+    if too_small is None:
+        return None
+    return f"{too_small}; it waits for that limit to be raised, and the jobs behind it go on"
+
+
+def _cap_too_small(gpus: int, cluster: str, limits: Limits) -> str | None:
+    cap = limits.cluster_cap.get(cluster)
+    if cap is None or gpus <= cap:
+        return None
+    return (
+        f"the job needs {gpus} GPUs and zeropilot admits at most {cap} on {cluster}"
+        f"{limits.cap_words(cluster)}"
+    )
+
+
 def never_fits(gpus: int, team: str, cluster: str, limits: Limits) -> str | None:
     """Why a job can never be admitted (it needs more than a whole limit), or None."""
     quota = limits.team_quota.get(team)
     if quota is not None and gpus > quota:
         return f"the job needs {gpus} GPUs and team {team}'s quota is {quota}"
-    cap = limits.cluster_cap.get(cluster)
-    if cap is not None and gpus > cap:
-        return (
-            f"the job needs {gpus} GPUs and zeropilot admits at most {cap} on {cluster}"
-            f"{limits.cap_words(cluster)}"
-        )
-    return None
+    return _cap_too_small(gpus, cluster, limits)

@@ -190,3 +190,14 @@ def test_a_cluster_limit_lower_than_max_gpus_caps_the_cluster_and_is_named() -> 
     assert never_fits(24, "ml", "a", limits) == (
         f"the job needs 24 GPUs and zeropilot admits at most 16 on a ({QUOTA})"
     )
+
+
+def test_a_job_larger_than_the_whole_cap_waits_without_holding_back_the_jobs_behind_it() -> None:
+    # e.g. stored before the namespace's quota was lowered to 8 under it
+    waiting = [job("big", "ml", gpus=16, minute=0), job("small", "cv", gpus=8, minute=1)]
+    decision = admit(waiting, Held(), Limits.of_caps({"a": Cap(8, QUOTA)}))
+    assert decision.admitted == ["small"]
+    assert decision.waiting["big"] == (
+        f"the job needs 16 GPUs and zeropilot admits at most 8 on a ({QUOTA}); it waits for"
+        " that limit to be raised, and the jobs behind it go on"
+    )
