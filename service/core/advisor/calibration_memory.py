@@ -8,14 +8,15 @@ An observation needs a share when its real need exceeds the prediction plus what
 keeps for the model's error on the smallest device the plan fits (1 GiB + 1% on a GPU, 10%
 under optimizer offload and on CPU ranks): there the advisor would have said "fits" wrongly.
 The share rises at once to cover the worst such run, up to ``MOST_RAISED``. It falls only when
-at least ``FEWEST_TO_LOWER`` exact peaks all had room to spare, and then only as far as the
-tightest of them allows and never below ``MOST_LOWERED``. An allocated peak (what the runtime
-reports on a GPU today) is a lower bound of the reserved one: it can raise the share, never
-lower it.
+at least ``FEWEST_TO_LOWER`` exact peaks all had room to spare, and then by half the room of
+the tightest of them (the other half is for plans not seen yet), never below ``MOST_LOWERED``.
+An allocated peak (what the runtime reports on a GPU today) is a lower bound of the reserved
+one: it can raise the share, never lower it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
@@ -94,15 +95,21 @@ def allowance(total: int, run: PeakRun) -> float:
     return capacity - total
 
 
-def need_of(run: PeakRun, constants: Calibration) -> Need | None:
-    """The share that would have let this run's peak fit its smallest budget; None when the
-    share cannot reach its peak (the peak is inside deepspeed.initialize)."""
+def covered_bytes(run: PeakRun, constants: Calibration) -> float:
+    """The most a run may need and still fit the smallest budget the advisor calls enough."""
     total = predict_memory(run.work, run.layout, constants).per_gpu.total
-    raised = with_share(constants, run.work.on_cpu, 1.0)
-    per_share = predict_memory(run.work, run.layout, raised).per_gpu.total - total
+    return total + allowance(total, run)
+
+
+def need_of(run: PeakRun, constants: Calibration) -> Need | None:
+    """The share that would have let this run's peak fit its smallest budget (the allowance
+    grows with the prediction, so per share is measured on both); None when the share cannot
+    reach its peak (the peak is inside deepspeed.initialize)."""
+    covered = covered_bytes(run, constants)
+    per_share = covered_bytes(run, with_share(constants, run.work.on_cpu, 1.0)) - covered
     if per_share <= 0:
         return None
-    short = needed_bytes(run, constants) - total - allowance(total, run)
+    short = needed_bytes(run, constants) - covered
     return Need(run.key, short / per_share, run.peak_kind != "allocated")
 
 
@@ -112,13 +119,13 @@ def safe_share(needs: Sequence[Need]) -> tuple[float, str]:
         return 0.0, "no measured peaks"
     worst = max(needs, key=lambda n: n.share)
     if worst.share > 0:
-        share = min(worst.share, MOST_RAISED)
+        share = min(math.ceil(worst.share * 1000) / 1000, MOST_RAISED)  # whole bytes round
         capped = " (capped: the model is wrong for that plan)" if worst.share > share else ""
         return share, f"raised by {share:+.3f} for {worst.observation}{capped}"
     exact = sum(n.exact for n in needs)
     if exact < FEWEST_TO_LOWER:
         return 0.0, f"unchanged: {exact} exact peaks with room, {FEWEST_TO_LOWER} would lower it"
-    share = max(worst.share, MOST_LOWERED)  # every peak, an allocated one too, still fits
+    share = max(worst.share / 2, MOST_LOWERED)  # half the tightest room stays for unseen plans
     return share, f"lowered by {share:+.3f} on {exact} exact peaks, tightest {worst.observation}"
 
 
