@@ -219,6 +219,13 @@ def print_device_check(runs: list[GpuRun]) -> None:
         f"{alone:.3f} ({check['alone_s'] * 1e3:.1f} ms; {slowdown:.2f}x with one identical "
         "neighbour)"
     )
+    print("the H200 runs' neighbour: measured / (that forward+backward alone + the update)")
+    for r in runs:
+        lay = r.layout
+        plain = not (lay.checkpointing or lay.offload_optimizer) and lay.stage in (0, 2)
+        if r.group == ("llama-1.1b", 2048, 4) and plain:
+            ratio = r.step_seconds / (check["alone_s"] + r.predict_time().serial_seconds)
+            print(f"  {' '.join(r.label.split())} nbrs={r.concurrent}: {ratio:.2f}")
 
 
 def print_rows(rows: list[Prediction]) -> None:
