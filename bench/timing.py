@@ -28,7 +28,7 @@ from accuracy import BUDGETS_GIB, GIB
 from gpu_runs import H200_RUNS, GpuRun, load_gpu_runs
 
 from service.core.advisor.choice import choose
-from service.core.advisor.constants import CALIBRATION
+from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.cost import relative_cost
 from service.core.advisor.models import Candidate
 from service.core.advisor.workload import usable_device_bytes
@@ -72,9 +72,9 @@ def neighbour_errors(runs: list[GpuRun]) -> list[tuple[GpuRun, float]]:
     return errors
 
 
-def candidate_of(run: GpuRun, budget: int) -> Candidate:
+def candidate_of(run: GpuRun, budget: int, calibration: Calibration = CALIBRATION) -> Candidate:
     """The advisor's Candidate for a measured run (what ``choose`` reads)."""
-    memory, step = run.predict(), run.predict_time()
+    memory, step = run.predict(calibration), run.predict_time(calibration)
     lay = run.layout
     return Candidate.model_construct(
         zero_stage=lay.stage,
@@ -86,7 +86,7 @@ def candidate_of(run: GpuRun, budget: int) -> Candidate:
         per_gpu_bytes=memory.per_gpu,
         cpu_bytes_per_node=memory.cpu_bytes_per_node,
         fits=memory.per_gpu.total <= budget,
-        relative_cost=relative_cost(run.work, lay, CALIBRATION, step),
+        relative_cost=relative_cost(run.work, lay, calibration, step),
         ds_config={},
         peak_phase=memory.phase,
         step_seconds=step.seconds,
@@ -106,17 +106,21 @@ def regrets(runs: list[GpuRun]) -> list[Regret]:
     for (group, concurrent), members in sorted(groups.items()):
         if len(members) < 2:
             continue
-        rows += [_regret(group, concurrent, members, budget) for budget in BUDGETS_GIB]
+        rows += [regret_at(group, concurrent, members, budget) for budget in BUDGETS_GIB]
     return rows
 
 
-def _regret(
-    group: tuple[str, int, int], concurrent: int, members: list[GpuRun], budget_gib: float
+def regret_at(
+    group: tuple[str, int, int],
+    concurrent: int,
+    members: list[GpuRun],
+    budget_gib: float,
+    calibration: Calibration = CALIBRATION,
 ) -> Regret:
     capacity = int(budget_gib * GIB)
+    usable = [usable_device_bytes(capacity, offload=r.layout.offload_optimizer) for r in members]
     by_candidate = [
-        (candidate_of(r, usable_device_bytes(capacity, offload=r.layout.offload_optimizer)), r)
-        for r in members
+        (candidate_of(r, u, calibration), r) for r, u in zip(members, usable, strict=True)
     ]
     fitting = [c for c, _ in by_candidate if c.fits]
     real = [r for r in members if really_fits(r, budget_gib)]

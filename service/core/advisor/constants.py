@@ -107,6 +107,9 @@ class Speeds:
     # llama-1.1b ZeRO-2+offload(opt)+ckpt mb=4 s=2048 (3.06 s a step, one neighbour)
     host_torch_adam_params_per_s: float = 4.0e8  # 3.96e8 solved
     host_cpu_adam_params_per_s: float = 1.0e9  # literature: DeepSpeedCPUAdam, multi-core host
+    # Share of the hardware table's collective bandwidths a cluster's links reach: 1.0 is the
+    # table (spec sheet x 0.8); a cluster's calibration (calibration.py) may lower it
+    link_efficiency: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,11 @@ def predict_step_time(
     speeds, hw = calibration.speeds, work.hardware
     device = micro_device_seconds(work, layout, speeds, hw)
     host = micro_host_seconds(work, layout, speeds)
-    exposed_comm = max(0.0, micro_comm_seconds(work, layout, hw) - overlap_window(layout, device))
+    exposed_comm = micro_comm_seconds(work, layout, speeds, hw) - overlap_window(layout, device)
+    exposed_comm = max(0.0, exposed_comm)
     micro = max(device, host) + exposed_comm
     serial = update_seconds(work, layout, speeds, hw) + overflow_check_seconds(work, layout, speeds)
-    serial += boundary_comm_seconds(work, layout, hw)
+    serial += boundary_comm_seconds(work, layout, speeds, hw)
     seconds = layout.accumulation * micro + serial
     tokens = work.global_batch * work.sequence_length
     return StepTime(seconds, tokens / seconds, device, host, serial)
@@ -78,7 +79,7 @@ def gather_seconds(work: Workload, layout: Layout, speeds: Speeds, hw: Hardware)
         return model / work.world_size / hw.pcie_bytes_per_s
     if work.world_size == 1:
         return 2.0 * model / (hw.memory_bytes_per_s * speeds.memory_efficiency)
-    return model * ring_share(work) / link_bytes_per_s(work, hw)
+    return model * ring_share(work) / link_bytes_per_s(work, speeds, hw)
 
 
 def micro_host_seconds(work: Workload, layout: Layout, speeds: Speeds) -> float:
@@ -131,16 +132,18 @@ def ring_share(work: Workload) -> float:
     return (work.world_size - 1) / work.world_size
 
 
-def link_bytes_per_s(work: Workload, hw: Hardware) -> float:
-    return hw.inter_node_bytes_per_s if work.nodes > 1 else hw.intra_node_bytes_per_s
+def link_bytes_per_s(work: Workload, speeds: Speeds, hw: Hardware) -> float:
+    link = hw.inter_node_bytes_per_s if work.nodes > 1 else hw.intra_node_bytes_per_s
+    return link * speeds.link_efficiency
 
 
-def micro_comm_seconds(work: Workload, layout: Layout, hw: Hardware) -> float:
+def micro_comm_seconds(work: Workload, layout: Layout, speeds: Speeds, hw: Hardware) -> float:
     """Gradient reduction inside each micro-step: ZeRO-2 and ZeRO-3 reduce-scatter every
     micro-step (ZeRO-3's gathers are in ``gather_seconds``); ZeRO-0/1 wait for the boundary."""
     if work.world_size == 1 or layout.stage < 2:
         return 0.0
-    return work.weight_bytes * work.shape.parameters * ring_share(work) / link_bytes_per_s(work, hw)
+    model = work.weight_bytes * work.shape.parameters
+    return model * ring_share(work) / link_bytes_per_s(work, speeds, hw)
 
 
 def overlap_window(layout: Layout, device_seconds: float) -> float:
@@ -149,11 +152,11 @@ def overlap_window(layout: Layout, device_seconds: float) -> float:
     return device_seconds * 2.0 / 3.0 if layout.knobs.overlap_comm else 0.0
 
 
-def boundary_comm_seconds(work: Workload, layout: Layout, hw: Hardware) -> float:
+def boundary_comm_seconds(work: Workload, layout: Layout, speeds: Speeds, hw: Hardware) -> float:
     """At the accumulation boundary: ZeRO-0's all-reduce of every gradient (after backward, not
     overlapped), ZeRO-1's reduce-scatter, and ZeRO-1/2's all-gather of updated parameters."""
     if work.world_size == 1 or layout.stage == 3:
         return 0.0
     model = work.weight_bytes * work.shape.parameters * ring_share(work)
     collectives = 2.0 if layout.stage < 2 else 1.0
-    return collectives * model / link_bytes_per_s(work, hw)
+    return collectives * model / link_bytes_per_s(work, speeds, hw)
