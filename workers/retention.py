@@ -1,7 +1,7 @@
 """Checkpoint retention during the run, and the checkpoint an attempt resumes from.
 
 Each reconcile tick looks for checkpoints no pass has checked yet (a new report). For each job
-with one it checks every checkpoint it still keeps on disk (``workers.checkpoint_files``: every
+with one it checks every checkpoint it still keeps on disk (``service.checkpoint_files``: every
 rank's files, the Trainer's state written last, no link followed), asks
 ``service.core.retention`` which to delete, deletes them and records each deletion as a job
 event with its size. The job row is locked meanwhile, so two workers never decide at once.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from sqlmodel import Session, col, select
 
+from service import checkpoint_files
 from service.checkpoint_paths import Fence, job_fence
 from service.contained_files import NotContained
 from service.core.advisor.models import format_bytes
@@ -25,7 +26,6 @@ from service.db.session import session_scope
 from service.db.users import checkpoint_roots_of
 from service.metrics import CHECKPOINT_BYTES_DELETED, JOB_CHECKPOINT_BYTES
 from service.settings import Settings
-from workers import checkpoint_files
 
 log = logging.getLogger(__name__)
 
