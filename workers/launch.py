@@ -37,7 +37,8 @@ from service.settings import Settings
 from workers.backends import get_backend
 from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
 from workers.render import make_private_dir, write_json_once
-from workers.replacement import LAUNCH_CLUSTER, replace_after_failed_launch
+from workers.replacement import replace_after_failed_launch
+from zeropilot.resume import ResumeMethod
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def build_request(
     }
     if attempt.resumed_from:
         env["ZEROPILOT_RESUME_FROM"] = attempt.resumed_from
-        env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or "native"
+        env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or ResumeMethod.NATIVE
     minutes = spec.resources.time_limit_minutes
     grace_s = stop_grace(spec.checkpoint.grace_s, [], settings.workers.stop_grace_s).seconds
     return LaunchRequest(
@@ -212,11 +213,10 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
         job = session.get(Job, attempt.job_id) if attempt else None
         if attempt is None or job is None:
             return
-        evidence = {**attempt.failure_evidence, LAUNCH_CLUSTER: job.cluster}
         fields = {
             "failure_class": FailureClass.LAUNCH_ERROR,
             "failure_message": message[:2000],
-            "failure_evidence": evidence,
+            "launch_cluster": job.cluster,  # never chosen again for the job
         }
         if not move_attempt(
             session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields

@@ -12,21 +12,17 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from service.core.advice_memo import advise_once
-from service.core.advisor import Candidate
+from service.core.attempt_kinds import AttemptKind
 from service.core.placement import AUTO, choose, movable, plan_everywhere, summary
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX, wait_reasons
-from service.db.jobs import add_attempt, attempts_of
+from service.db.attempts import failed_launch_clusters, next_attempt, resume_checkpoint
+from service.db.jobs import attempts_of
 from service.db.models import Attempt, Job, Team, User, utcnow
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
-from workers.disruption import REPLACEMENT_RUNG
-from workers.escalate import resume_method
-from workers.retention import resume_checkpoint
-
-LAUNCH_CLUSTER = "launch_cluster"  # failure_evidence: where a launch failed, for the next choice
 
 
 def replace_after_failed_launch(
@@ -39,9 +35,8 @@ def replace_after_failed_launch(
         return ""
     profiles = settings.cluster_profiles()
     allowed = set(spec.resources.clusters or profiles)  # never one outside the job's own list
-    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
-    failed.add(job.cluster)
-    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
+    failed = failed_launch_clusters(attempts_of(session, job.id)) | {job.cluster}
+    checkpoint = resume_checkpoint(session, settings.data_dir, job)
     eligible, left_out = movable(
         [p for p in profiles.values() if p.name in allowed],
         failed, profiles.get(job.cluster), checkpoint is not None,
@@ -59,24 +54,20 @@ def replace_after_failed_launch(
         return "no other cluster can run it (" + "; ".join(
             f"{o.cluster}: {o.ruled_out}" for o in options if o.ruled_out
         ) + ")"  # fmt: skip
-    plan = chosen.advice.plan
-    method = resume_method(Candidate.model_validate(attempt.plan), plan) if checkpoint else None
-    plan_json = plan.model_dump(mode="json")
-    if method == "universal":  # the engine must be built to load one
-        plan_json["ds_config"]["checkpoint"] = {"load_universal": True}
     before = job.cluster
-    rung = f"{REPLACEMENT_RUNG} {chosen.cluster} after the launch on {before} failed"
-    new = add_attempt(
-        session, job, number=attempt.number + 1, plan=plan_json, rung=rung,
-        backend=profiles[chosen.cluster].kind,
-        resumed_from=checkpoint.path if checkpoint else None, resume_method=method,
-    )  # fmt: skip
-    where = f", from the step-{checkpoint.step} checkpoint ({method})" if checkpoint else ""
+    new = next_attempt(
+        session, settings.data_dir, job, attempt, AttemptKind.REPLACEMENT,
+        rung=f"re-placed on {chosen.cluster} after the launch on {before} failed",
+        backend=profiles[chosen.cluster].kind, plan=chosen.advice.plan, checkpoint=checkpoint,
+    ).attempt  # fmt: skip
+    where = (
+        f", from the step-{checkpoint.step} checkpoint ({new.resume_method})" if checkpoint else ""
+    )
     moved = move_job(
         session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
         f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
         f" {chosen.cluster}{where}: {summary(options, chosen, spec.resources.placement)}",
-        current_attempt=new.number, plan=plan_json,
+        current_attempt=new.number, plan=new.plan,
         message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
         " failed; admission starts it there",
     )  # fmt: skip

@@ -22,12 +22,12 @@ from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from service.core.waiting_placement import Hysteresis, move_to, moved_words, settled_since
 from service.db.admission import WAITING_PREFIX, refusal
+from service.db.attempts import failed_launch_clusters
 from service.db.jobs import attempts_of
 from service.db.models import Job, Team, User, utcnow
 from service.db.placement import expected_start_s, move_waiting_job, waiting_auto_jobs
 from service.db.users import Caller
 from service.settings import Settings
-from workers.replacement import LAUNCH_CLUSTER
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _re_place(
     ):
         return False
     caller = Caller.of(user, team)
-    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts}
+    failed = failed_launch_clusters(attempts)
     options = _options_now(session, settings, profiles, spec, job, caller, failed)
     here = next((o for o in options if o.cluster == job.cluster and o.advice), None)
     there = move_to(here, options, rule) if here is not None else None
