@@ -4,8 +4,8 @@ Safe to run twice for the same attempt (a redelivered task, a sweep after a work
 claim is a compare-and-set, the rendered files are written once, and ``submit`` is idempotent
 by the attempt's deterministic backend name.
 
-A failed try is counted on the attempt (``failure_evidence["launch_tries"]``, whoever sent the
-task: a retry or the sweep), so every launch error ends the attempt as ``LAUNCH_ERROR`` after
+A failed try is counted on the attempt (``launch_tries``, whoever sent the task: a retry or the
+sweep), so every launch error ends the attempt as ``LAUNCH_ERROR`` after
 ``workers.launch_max_tries``; a ``PermanentError`` ends it at once. Each try logs one line.
 """
 
@@ -94,9 +94,8 @@ def _count_failed_try(settings: Settings, attempt_id: str, error: str) -> float 
         attempt = session.get(Attempt, attempt_id, with_for_update=True)
         if attempt is None or attempt.status != AttemptStatus.LAUNCHING:
             return None
-        tries = int(attempt.failure_evidence.get("launch_tries", 0)) + 1
-        evidence = {**attempt.failure_evidence, "launch_tries": tries, "launch_error": error}
-        attempt.failure_evidence = evidence  # a new dict: JSON columns track assignment only
+        tries = attempt.launch_tries + 1
+        attempt.launch_tries, attempt.launch_error = tries, error
         session.add(attempt)
     workers = settings.workers
     if tries >= workers.launch_max_tries:
