@@ -3,42 +3,30 @@
 When the cluster took a node away (``NODE_LOST`` from a backend that still knew the run, e.g. a
 Kubernetes ``DisruptionTarget``), the same plan runs again as a new attempt, resuming from the
 latest checkpoint. These retries have their own small budget and do not use the escalation's
-``max_attempts``: the user's attempts are for their own failures.
+``max_attempts``: the user's attempts are for their own failures (the budgets are
+``service.core.attempt_kinds``'s; the attempt itself is ``service.db.attempts.next_attempt``'s).
 """
 
 from __future__ import annotations
 
 from sqlmodel import Session
 
+from service.core.attempt_kinds import AttemptKind, within_own_limit
 from service.core.failures import FailureClass
-from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
-from service.db.jobs import add_attempt, attempts_of
-from service.db.models import Attempt, Checkpoint, Job, utcnow
+from service.db.attempts import next_attempt
+from service.db.jobs import attempts_of
+from service.db.models import Attempt, Job, utcnow
 from service.db.transitions import move_attempt, move_job
 from service.settings import Settings
 from workers.backends.base import BackendState, BackendStatus
-from workers.retention import resume_checkpoint
 
-MAX_DISRUPTION_RETRIES = 3  # per job: a cluster that keeps taking nodes away ends it
-DISRUPTION_RUNG = "retry after a disruption"  # how these attempts are told apart
+# The words each kind's rung begins with (the kind itself is the attempt's ``kind``)
+DISRUPTION_RUNG = "retry after a disruption"
 # A stop from outside zeropilot (a drain, the cluster's own preemption) that the training
-# answered by saving: it goes on from that checkpoint. Its own budget, larger: nothing is lost.
-MAX_STOP_RESUMES = 20
+# answered by saving: it goes on from that checkpoint, on a budget of its own.
 STOP_RUNG = "resume after a stop"
-_DISRUPTION = (DISRUPTION_RUNG, MAX_DISRUPTION_RETRIES)
 PREEMPTION_RUNG = "resume after preemption"
-REPLACEMENT_RUNG = "re-placed on"  # workers.replacement: another cluster after a failed launch
-
-
-def counts_against_the_user(rung: str) -> bool:
-    """Whether an attempt uses one of the spec's ``escalation.max_attempts``: not when the
-    cluster or zeropilot caused it (a disruption, a stop, a preemption, a re-placement)."""
-    return not rung.startswith((DISRUPTION_RUNG, STOP_RUNG, PREEMPTION_RUNG, REPLACEMENT_RUNG))
-
-
-def disruption_retries(session: Session, job: Job, rung: str = DISRUPTION_RUNG) -> int:
-    return sum(1 for a in attempts_of(session, job.id) if a.rung.startswith(rung))
 
 
 def retry_after_disruption(
@@ -56,18 +44,18 @@ def retry_after_disruption(
     stopped = failure == FailureClass.PREEMPTED and status.state != BackendState.LOST
     if not (lost_node or stopped):
         return None
-    rung, budget = (
-        (STOP_RUNG, MAX_STOP_RESUMES) if stopped else (DISRUPTION_RUNG, MAX_DISRUPTION_RETRIES)
+    kind, rung = (
+        (AttemptKind.STOP, STOP_RUNG) if stopped else (AttemptKind.DISRUPTION, DISRUPTION_RUNG)
     )
-    if disruption_retries(session, job, rung) >= budget:
+    if not within_own_limit((a.kind for a in attempts_of(session, job.id)), kind):
         return None
     active = (JobStatus.LAUNCHING, JobStatus.RUNNING)
     if not move_job(session, job, active, JobStatus.ESCALATING, f"{failure}: {summary[:300]}"):
         return None
-    new, checkpoint = same_plan_again(
-        session, settings, job, attempt, f"{rung} ({status.native_state or failure})"
-    )
-    number = new.number
+    rung = f"{rung} ({status.native_state or failure})"
+    new = next_attempt(session, settings.data_dir, job, attempt, kind, rung=rung,
+                       backend=attempt.backend)  # fmt: skip
+    number, checkpoint = new.attempt.number, new.checkpoint
     move_job(
         session,
         job,
@@ -78,7 +66,7 @@ def retry_after_disruption(
         + " (not counted)",
         current_attempt=number,
     )
-    return new.id
+    return new.attempt.id
 
 
 def requeue_preempted(
@@ -107,10 +95,11 @@ def requeue_preempted(
     )
     if not moved:
         return None
-    new, checkpoint = same_plan_again(
-        session, settings, job, attempt, f"{PREEMPTION_RUNG} (by job {preemptor})"
-    )
-    number = new.number
+    new = next_attempt(
+        session, settings.data_dir, job, attempt, AttemptKind.PREEMPTION,
+        rung=f"{PREEMPTION_RUNG} (by job {preemptor})", backend=attempt.backend,
+    )  # fmt: skip
+    number, checkpoint = new.attempt.number, new.checkpoint
     where = f" from the step-{checkpoint.step} checkpoint" if checkpoint else ""
     move_job(
         session,
@@ -126,24 +115,4 @@ def requeue_preempted(
         requeued_at=utcnow(),
         message=f"waiting: preempted by job {preemptor}; back in line at its original place",
     )
-    return new.id
-
-
-def same_plan_again(
-    session: Session, settings: Settings, job: Job, attempt: Attempt, rung: str
-) -> tuple[Attempt, Checkpoint | None]:
-    """The next attempt: the same plan, resuming natively from the newest complete checkpoint (the
-    stage and world size are unchanged, so no conversion), and that checkpoint."""
-    spec = JobSpec.model_validate(job.spec)
-    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
-    new = add_attempt(
-        session,
-        job,
-        number=attempt.number + 1,
-        plan=attempt.plan,
-        rung=rung,
-        backend=attempt.backend,
-        resumed_from=checkpoint.path if checkpoint else None,
-        resume_method="native" if checkpoint else None,
-    )
-    return new, checkpoint
+    return new.attempt.id

@@ -4,8 +4,8 @@ Safe to run twice for the same attempt (a redelivered task, a sweep after a work
 claim is a compare-and-set, the rendered files are written once, and ``submit`` is idempotent
 by the attempt's deterministic backend name.
 
-A failed try is counted on the attempt (``failure_evidence["launch_tries"]``, whoever sent the
-task: a retry or the sweep), so every launch error ends the attempt as ``LAUNCH_ERROR`` after
+A failed try is counted on the attempt (``launch_tries``, whoever sent the task: a retry or the
+sweep), so every launch error ends the attempt as ``LAUNCH_ERROR`` after
 ``workers.launch_max_tries``; a ``PermanentError`` ends it at once. Each try logs one line.
 """
 
@@ -37,7 +37,8 @@ from service.settings import Settings
 from workers.backends import get_backend
 from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
 from workers.render import make_private_dir, write_json_once
-from workers.replacement import LAUNCH_CLUSTER, replace_after_failed_launch
+from workers.replacement import replace_after_failed_launch
+from zeropilot.resume import ResumeMethod
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,8 @@ def _count_failed_try(settings: Settings, attempt_id: str, error: str) -> float 
         attempt = session.get(Attempt, attempt_id, with_for_update=True)
         if attempt is None or attempt.status != AttemptStatus.LAUNCHING:
             return None
-        tries = int(attempt.failure_evidence.get("launch_tries", 0)) + 1
-        evidence = {**attempt.failure_evidence, "launch_tries": tries, "launch_error": error}
-        attempt.failure_evidence = evidence  # a new dict: JSON columns track assignment only
+        tries = attempt.launch_tries + 1
+        attempt.launch_tries, attempt.launch_error = tries, error
         session.add(attempt)
     workers = settings.workers
     if tries >= workers.launch_max_tries:
@@ -171,7 +171,7 @@ def build_request(
     }
     if attempt.resumed_from:
         env["ZEROPILOT_RESUME_FROM"] = attempt.resumed_from
-        env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or "native"
+        env["ZEROPILOT_RESUME_METHOD"] = attempt.resume_method or ResumeMethod.NATIVE
     minutes = spec.resources.time_limit_minutes
     grace_s = stop_grace(spec.checkpoint.grace_s, [], settings.workers.stop_grace_s).seconds
     return LaunchRequest(
@@ -212,11 +212,10 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
         job = session.get(Job, attempt.job_id) if attempt else None
         if attempt is None or job is None:
             return
-        evidence = {**attempt.failure_evidence, LAUNCH_CLUSTER: job.cluster}
         fields = {
             "failure_class": FailureClass.LAUNCH_ERROR,
             "failure_message": message[:2000],
-            "failure_evidence": evidence,
+            "launch_cluster": job.cluster,  # never chosen again for the job
         }
         if not move_attempt(
             session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields

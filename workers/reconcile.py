@@ -316,24 +316,20 @@ def send_stop(session: Session, settings: Settings, job: Job, attempt: Attempt) 
     """The graceful stop (SIGTERM, a save, SIGKILL after the grace): for a cancel or a
     preemption, sent again by each pass until the attempt has ended (a backend takes it twice
     as once). The grace it chose is kept on the attempt, for the reason its end will give."""
-    evidence = attempt.failure_evidence
-    seconds = evidence.get("stop_grace_s")
-    if seconds is None:  # the first time: the grace holds from the first SIGTERM on
+    if attempt.stop_grace_s is None:  # the first time: the grace holds from the first SIGTERM on
         configured = JobSpec.model_validate(job.spec).checkpoint.grace_s
         durations = save_durations(session, job.id)
         grace = stop_grace(configured, durations, settings.workers.stop_grace_s)
-        seconds = grace.seconds
-        attempt.failure_evidence = {**evidence, "stop_grace": grace.why, "stop_grace_s": seconds}
+        attempt.stop_grace_s, attempt.stop_grace = grace.seconds, grace.why
         session.add(attempt)
     assert attempt.backend_ref is not None
     profile = settings.cluster_profiles()[job.cluster]
-    get_backend(profile.kind).cancel(profile, attempt.backend_ref, float(seconds))
+    get_backend(profile.kind).cancel(profile, attempt.backend_ref, attempt.stop_grace_s)
 
 
 def _cancelled_reason(attempt: Attempt) -> str:
     """ "job cancelled", and what the training did with its grace."""
-    grace = attempt.failure_evidence.get("stop_grace")
-    within = f" within its grace ({grace})" if grace else ""
+    within = f" within its grace ({attempt.stop_grace})" if attempt.stop_grace else ""
     if attempt.runtime_failure_tag == FailureClass.PREEMPTED:  # it saved, then stopped
         return f"job cancelled: {attempt.failure_message}{within}"
     return "job cancelled"

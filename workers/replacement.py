@@ -11,22 +11,18 @@ from __future__ import annotations
 
 from sqlmodel import Session
 
-from service.core.advisor import Candidate
+from service.core.attempt_kinds import AttemptKind
 from service.core.placement import AUTO
 from service.core.spec import JobSpec
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX
-from service.db.jobs import add_attempt, attempts_of
+from service.db.attempts import failed_launch_clusters, next_attempt, resume_checkpoint
+from service.db.jobs import attempts_of
 from service.db.models import Attempt, Job, Team, User, utcnow
 from service.db.placing import Moving, place
 from service.db.transitions import move_job
 from service.db.users import Caller
 from service.settings import Settings
-from workers.disruption import REPLACEMENT_RUNG
-from workers.escalate import resume_method
-from workers.retention import resume_checkpoint
-
-LAUNCH_CLUSTER = "launch_cluster"  # failure_evidence: where a launch failed, for the next choice
 
 
 def replace_after_failed_launch(
@@ -40,10 +36,10 @@ def replace_after_failed_launch(
     user, team = session.get(User, job.user_id), session.get(Team, job.team_id)
     if user is None or team is None:
         return "its user or team is gone"
-    failed = {str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts_of(session, job.id)}
-    checkpoint = resume_checkpoint(session, settings, job) if spec.checkpoint.resume else None
+    failed = failed_launch_clusters(attempts_of(session, job.id)) | {job.cluster}
+    checkpoint = resume_checkpoint(session, settings.data_dir, job)
     moving = Moving(
-        job.id, job.cluster, frozenset({*failed, job.cluster}), checkpoint is not None,
+        job.id, job.cluster, frozenset(failed), checkpoint is not None,
         holds_gpus=True,  # still LAUNCHING there: its GPUs count as held until it moves
     )  # fmt: skip
     profiles = settings.cluster_profiles()
@@ -52,24 +48,20 @@ def replace_after_failed_launch(
     chosen = placed.chosen
     if chosen is None or chosen.advice is None:
         return f"no other cluster can run it ({placed.ruled_out()})"
-    plan = chosen.advice.plan
-    method = resume_method(Candidate.model_validate(attempt.plan), plan) if checkpoint else None
-    plan_json = plan.model_dump(mode="json")
-    if method == "universal":  # the engine must be built to load one
-        plan_json["ds_config"]["checkpoint"] = {"load_universal": True}
     before = job.cluster
-    rung = f"{REPLACEMENT_RUNG} {chosen.cluster} after the launch on {before} failed"
-    new = add_attempt(
-        session, job, number=attempt.number + 1, plan=plan_json, rung=rung,
-        backend=profiles[chosen.cluster].kind,
-        resumed_from=checkpoint.path if checkpoint else None, resume_method=method,
-    )  # fmt: skip
-    where = f", from the step-{checkpoint.step} checkpoint ({method})" if checkpoint else ""
+    new = next_attempt(
+        session, settings.data_dir, job, attempt, AttemptKind.REPLACEMENT,
+        rung=f"re-placed on {chosen.cluster} after the launch on {before} failed",
+        backend=profiles[chosen.cluster].kind, plan=chosen.advice.plan, checkpoint=checkpoint,
+    ).attempt  # fmt: skip
+    where = (
+        f", from the step-{checkpoint.step} checkpoint ({new.resume_method})" if checkpoint else ""
+    )
     moved = move_job(
         session, job, JobStatus.LAUNCHING, JobStatus.PENDING,
         f"launch on {before} failed ({error[:300]}); attempt {new.number} re-placed on"
         f" {chosen.cluster}{where}: {placed.summary()}",
-        current_attempt=new.number, plan=plan_json,
+        current_attempt=new.number, plan=new.plan,
         message=f"{WAITING_PREFIX}re-placed on {chosen.cluster} after the launch on {before}"
         " failed; admission starts it there",
     )  # fmt: skip

@@ -1,7 +1,7 @@
-"""Checkpoint retention during the run, and the checkpoint an attempt resumes from.
+"""Checkpoint retention during the run.
 
 Each reconcile tick looks for checkpoints no pass has checked yet (a new report). For each job
-with one it checks every checkpoint it still keeps on disk (``workers.checkpoint_files``: every
+with one it checks every checkpoint it still keeps on disk (``service.checkpoint_files``: every
 rank's files, the Trainer's state written last, no link followed), asks
 ``service.core.retention`` which to delete, deletes them and records each deletion as a job
 event with its size. The job row is locked meanwhile, so two workers never decide at once.
@@ -14,18 +14,18 @@ from collections.abc import Sequence
 
 from sqlmodel import Session, col, select
 
+from service import checkpoint_files
 from service.checkpoint_paths import Fence, job_fence
 from service.contained_files import NotContained
 from service.core.advisor.models import format_bytes
 from service.core.retention import Retention, Saved, metric_at, to_delete
 from service.core.spec import JobSpec
-from service.db.jobs import attempts_of
+from service.db.jobs import attempts_of, kept_checkpoints
 from service.db.models import Attempt, Checkpoint, Job, JobEvent, MetricPoint, Team, utcnow
 from service.db.session import session_scope
 from service.db.users import checkpoint_roots_of
 from service.metrics import CHECKPOINT_BYTES_DELETED, JOB_CHECKPOINT_BYTES
 from service.settings import Settings
-from workers import checkpoint_files
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def retain(settings: Settings, job_id: str) -> list[str]:
         if job is None:
             return []
         fence = _fence(session, settings, job)
-        rows = kept_rows(session, job.id)
+        rows = kept_checkpoints(session, job.id)
         if fence is None or not rows:
             _mark_checked(rows)
             return []
@@ -64,15 +64,6 @@ def retain(settings: Settings, job_id: str) -> list[str]:
         kept = sum(r.size_bytes or 0 for r in rows if r not in deleted)
         JOB_CHECKPOINT_BYTES.labels(job.id, _team_name(session, job)).set(kept)
         return [row.path for row in deleted]
-
-
-def kept_rows(session: Session, job_id: str) -> list[Checkpoint]:
-    query = (
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id, col(Checkpoint.deleted_at).is_(None))
-        .order_by(col(Checkpoint.step), col(Checkpoint.id))
-    )
-    return list(session.exec(query).all())
 
 
 def policy_of(spec: JobSpec) -> Retention:
@@ -149,21 +140,3 @@ def _team_name(session: Session, job: Job) -> str:
 def _mark_checked(rows: Sequence[Checkpoint]) -> None:
     for row in rows:
         row.checked_at = utcnow()
-
-
-def resume_checkpoint(session: Session, settings: Settings, job: Job) -> Checkpoint | None:
-    """The newest checkpoint of the job that is complete on disk now, or None: a reported
-    checkpoint whose ranks did not all save (or that lost files since) is never resumed."""
-    fence = _fence(session, settings, job)
-    if fence is None:
-        return None
-    attempts = {a.id: a for a in attempts_of(session, job.id)}
-    world = JobSpec.model_validate(job.spec).resources.world_size
-    for row in reversed(kept_rows(session, job.id)):
-        attempt = attempts.get(row.attempt_id)
-        stage = int(attempt.plan.get("zero_stage", 0)) if attempt else 0
-        found = checkpoint_files.inspect(fence, row.path, stage, world)
-        if found.complete:
-            return row
-        log.warning("not resuming from %s: incomplete (%s)", row.path, found.why)
-    return None

@@ -22,13 +22,13 @@ from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from service.core.waiting_placement import Hysteresis, move_to, moved_words, settled_since
 from service.db.admission import WAITING_PREFIX
+from service.db.attempts import failed_launch_clusters
 from service.db.jobs import attempts_of
 from service.db.models import Job, Team, User, utcnow
 from service.db.placement import move_waiting_job, waiting_auto_jobs
 from service.db.placing import Moving, place
 from service.db.users import Caller
 from service.settings import Settings
-from workers.replacement import LAUNCH_CLUSTER
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _re_place(
         or team is None
     ):
         return False
-    failed = frozenset(str(a.failure_evidence.get(LAUNCH_CLUSTER)) for a in attempts)
+    failed = frozenset(failed_launch_clusters(attempts))
     waits_here = job.message.removeprefix(WAITING_PREFIX) or "waiting for admission"
     moving = Moving(job.id, job.cluster, failed, waits_here=waits_here)
     placed = place(session, spec, profiles, Caller.of(user, team),

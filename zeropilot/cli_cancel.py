@@ -56,9 +56,9 @@ def _wait_for_the_stop(client: Client, job: dict[str, Any]) -> tuple[dict[str, A
         attempt = _attempt(job, number)
         if attempt is None or attempt["status"] in ENDED:
             break
-        grace = attempt["failure_evidence"].get("stop_grace_s")
+        grace = attempt.get("stop_grace_s")
         if grace is not None and not said:
-            why = attempt["failure_evidence"].get("stop_grace", f"{grace} s")
+            why = attempt.get("stop_grace") or f"{grace} s"
             err.print(f"waiting for attempt {number} to save and stop (grace {why})")
             said = True
         if time.monotonic() - started > (grace or DEFAULT_GRACE_S) + MARGIN_S:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from zeropilot.resume import ResumeMethod
 from zeropilot.runtime import (
     STOPPED_EXIT_CODE,
     Reporter,
@@ -104,7 +105,8 @@ def plan_of(
     lr = config.get("optimizer", {}).get("params", {}).get("lr")
     if lr is not None:
         values["learning_rate"], sources["learning_rate"] = float(lr), "optimizer.params.lr"
-    if env.get("ZEROPILOT_RESUME_FROM") and env.get("ZEROPILOT_RESUME_METHOD") == "native":
+    native = env.get("ZEROPILOT_RESUME_METHOD") == ResumeMethod.NATIVE
+    if env.get("ZEROPILOT_RESUME_FROM") and native:
         values["resume_from_checkpoint"] = env["ZEROPILOT_RESUME_FROM"]
         sources["resume_from_checkpoint"] = "ZEROPILOT_RESUME_FROM"
     return Plan(path, values, sources)
@@ -194,12 +196,13 @@ class CallbackLogic:
     # --- start ---------------------------------------------------------------------------
     def init_end(self, model: Any) -> None:
         self._hook_exceptions()
-        if self.resume is not None and self.resume.method != "native" and model is not None:
-            load_weights_into(model, self.resume)  # before the Trainer builds the engine
+        resume = self.resume
+        if resume is not None and resume.method != ResumeMethod.NATIVE and model is not None:
+            load_weights_into(model, resume)  # before the Trainer builds the engine
 
     def train_begin(self, state: Any) -> None:
         self.reporter.device_memory()
-        if self.resume is not None and self.resume.method != "native":
+        if self.resume is not None and self.resume.method != ResumeMethod.NATIVE:
             state.global_step = _step_of(self.resume)  # the weights' step: count on from it
             self._counted_from = state.global_step
         self._last_log = (time.perf_counter(), int(getattr(state, "num_input_tokens_seen", 0)))
@@ -304,7 +307,7 @@ def load_weights_into(model: Any, point: ResumePoint) -> None:
     from zeropilot.resume_weights import load_weights
 
     folder = os.path.join(point.load_dir, point.tag)
-    inner = ResumePoint(folder, deepspeed_tag_of(folder), "weights")
+    inner = ResumePoint(folder, deepspeed_tag_of(folder), ResumeMethod.WEIGHTS)
     partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
     if not partitioned:
         load_weights(model, inner)

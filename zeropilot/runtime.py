@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zeropilot.resume import ResumeMethod
+
 # A marker line the failure classifier also finds in the log tail when the API is unreachable.
 FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
 # EX_TEMPFAIL of sysexits.h: saved and stopped on request, to be run again; not a failure.
@@ -393,16 +395,16 @@ class ResumePoint:
 
     load_dir: str
     tag: str
-    method: str
+    method: ResumeMethod
 
     @property
     def load_optimizer_states(self) -> bool:
-        return self.method in ("native", "universal")
+        return self.method in (ResumeMethod.NATIVE, ResumeMethod.UNIVERSAL)
 
     @property
     def before_engine(self) -> bool:
         """The weights go into the model before ``deepspeed.initialize``, not through it."""
-        return self.method == "weights"
+        return self.method == ResumeMethod.WEIGHTS
 
 
 UNIVERSAL_SUFFIX = "_universal"
@@ -420,8 +422,8 @@ def resume_point(wait_s: float = 3600.0) -> ResumePoint | None:
     if path is None:
         return None
     load_dir, tag = os.path.split(path.rstrip("/"))
-    method = os.environ.get("ZEROPILOT_RESUME_METHOD", "native")
-    if method != "universal":
+    method = ResumeMethod(os.environ.get("ZEROPILOT_RESUME_METHOD", ResumeMethod.NATIVE))
+    if method != ResumeMethod.UNIVERSAL:
         return ResumePoint(load_dir, tag, method)
     universal = os.path.join(load_dir, tag + UNIVERSAL_SUFFIX)
     if os.environ.get("RANK", "0") == "0":

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
+from service.core.attempt_kinds import AttemptKind
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.roles import Role
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import MAX_SAVE_SECONDS
 from service.core.text import Text
+from zeropilot.resume import ResumeMethod
 
 Bytes = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
@@ -47,6 +49,7 @@ class AttemptPublic(Public):
     id: str
     number: int
     status: AttemptStatus
+    kind: AttemptKind  # why it exists; the budgets count kinds (service.core.attempt_kinds)
     rung: str
     plan: dict[str, Any]
     backend: str
@@ -61,7 +64,12 @@ class AttemptPublic(Public):
     runtime_failure_tag: str | None
     runtime_evidence: dict[str, Any]  # device memory per rank at start, numbers at failure
     resumed_from: str | None
-    resume_method: str | None
+    resume_method: ResumeMethod | None
+    launch_tries: int  # failed launch tries so far
+    launch_error: str | None  # the last failed try's error
+    launch_cluster: str | None  # where its launch failed for good
+    stop_grace_s: float | None  # the grace of its graceful stop, once one was sent
+    stop_grace: str | None  # why that grace
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -14,6 +14,7 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from service.core.attempt_kinds import AttemptKind
 from service.core.placement import AUTO as AUTO_CLUSTER
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
@@ -33,6 +34,7 @@ from service.db.rows import Row, new_row
 from service.db.session import in_autocommit
 from service.db.transitions import admit_on_creation, record_created
 from service.db.users import Caller
+from zeropilot.resume import ResumeMethod
 
 SelectT = TypeVar("SelectT", bound=Select[Any])
 # session.info key: the events of jobs written as plain rows, with their cluster and team.
@@ -147,6 +149,7 @@ def store_job(
         job_id=job["id"],
         number=1,
         plan=plan,
+        kind=AttemptKind.ADVISOR,
         rung="advisor",
         backend=backend,
         backend_name=backend_name(job["name"], job["id"], 1),
@@ -192,18 +195,21 @@ def add_attempt(
     session: Session,
     job: Job,
     *,
+    kind: AttemptKind,
     number: int,
     plan: dict[str, Any],
     rung: str,
     backend: str,
     resumed_from: str | None = None,
-    resume_method: str | None = None,
+    resume_method: ResumeMethod | None = None,
 ) -> Attempt:
+    """The attempt row and its event; attempt N+1 is ``service.db.attempts.next_attempt``'s."""
     attempt = Attempt(
         id=new_id(),
         job_id=job.id,
         number=number,
         plan=plan,
+        kind=kind,
         rung=rung,
         backend=backend,
         backend_name=backend_name(job.name, job.id, number),
@@ -377,6 +383,16 @@ def job_record(session: Session, job: Job, team: str) -> dict[str, Any]:
         "checkpoints": latest_of(session, Checkpoint, job.id),
         "checkpoint_bytes": checkpoint_bytes(session, job.id),
     }
+
+
+def kept_checkpoints(session: Session, job_id: str) -> list[Checkpoint]:
+    """The job's checkpoints that retention has not deleted, oldest step first."""
+    query = (
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id, col(Checkpoint.deleted_at).is_(None))
+        .order_by(col(Checkpoint.step), col(Checkpoint.id))
+    )
+    return list(session.exec(query).all())
 
 
 def record_metric(session: Session, attempt: Attempt, values: dict[str, Any]) -> MetricPoint:

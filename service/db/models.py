@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Column, Index, String, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from service.core.attempt_kinds import AttemptKind
 from service.core.states import AttemptStatus, JobStatus
 
 
@@ -147,7 +148,9 @@ class Attempt(SQLModel, table=True):
     number: int
     status: str = Field(default=AttemptStatus.QUEUED, index=True, sa_type=String(16))
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
-    rung: str = ""  # which escalation step produced this plan ("advisor" for the first)
+    # Why it exists (service.core.attempt_kinds: the budgets count kinds); attempt 1: advisor
+    kind: str = Field(default=AttemptKind.ADVISOR, sa_type=String(16))
+    rung: str = ""  # the same, in a person's words: "advisor", the escalation step, the retry
     backend: str = Field(max_length=16)
     backend_name: str = Field(max_length=63)  # deterministic object/job name on the cluster
     backend_ref: str | None = None
@@ -165,7 +168,15 @@ class Attempt(SQLModel, table=True):
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
     resumed_from: str | None = None  # checkpoint path this attempt resumed from
-    resume_method: str | None = None  # native | universal | fp32 | none
+    resume_method: str | None = None  # zeropilot.resume.ResumeMethod
+    # The launch (workers.launch): failed tries so far, the last one's error, and the cluster
+    # where the launch failed for good (never chosen for the job again).
+    launch_tries: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    launch_error: str | None = None
+    launch_cluster: str | None = Field(default=None, max_length=64)
+    # The graceful stop's grace, chosen at its first SIGTERM and kept for every one after
+    stop_grace_s: float | None = None
+    stop_grace: str | None = None  # why that grace, in words
     log_path: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)

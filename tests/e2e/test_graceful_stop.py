@@ -91,7 +91,7 @@ def test_a_run_that_ignores_sigterm_is_killed_after_its_grace(
     assert done["checkpoints"] == []
     reason = [e["reason"] for e in done["events"] if e["subject"] == "attempt"][-1]
     assert reason == "job cancelled"
-    assert attempt["failure_evidence"]["stop_grace"] == "3 s, the spec's checkpoint.grace_s"
+    assert attempt["stop_grace"] == "3 s, the spec's checkpoint.grace_s"
     assert cancelled.returncode == 1, cancelled.stdout + cancelled.stderr
     assert "attempt 1 stopped without saving" in cancelled.stdout
     assert "the last checkpoint is none" in cancelled.stdout

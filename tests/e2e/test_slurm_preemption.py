@@ -88,7 +88,7 @@ def test_a_preempted_slurm_job_saves_where_it_was_and_resumes_from_there(
     assert (first["status"], first["failure_class"]) == ("PREEMPTED", "PREEMPTED")
     assert first["exit_code"] == 75  # zeropilot.runtime.STOPPED_EXIT_CODE, through srun and sbatch
     assert f"preempted by job {reclaim['id']}: stopped after saving" in first["failure_message"]
-    assert first["failure_evidence"]["stop_grace"] == f"{GRACE_S} s, the spec's checkpoint.grace_s"
+    assert first["stop_grace"] == f"{GRACE_S} s, the spec's checkpoint.grace_s"
     saved = next(c for c in resumed["checkpoints"] if c["attempt_id"] == first["id"])
     first_steps = [m["step"] for m in resumed["metrics"] if m["attempt_id"] == first["id"]]
     assert saved["step"] >= max(first_steps)  # the step it reached, not an interval checkpoint

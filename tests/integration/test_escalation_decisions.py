@@ -15,6 +15,7 @@ import yaml
 from sqlmodel import Session
 
 from service.core.advisor import advise
+from service.core.attempt_kinds import AttemptKind
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
@@ -66,10 +67,10 @@ def failed_run(
     tmp_path: Path,
     log: str,
     max_attempts: int = 4,
-    second_rung: str | None = None,
+    second: tuple[AttemptKind, str] | None = None,
 ) -> tuple[str, str]:
     """A job whose current attempt ran on gpu-box and ended with exit code 1 and this log;
-    with ``second_rung``, attempt 1 failed before and attempt 2 (that rung) is the one."""
+    with ``second`` (kind, rung), attempt 1 failed before and attempt 2 (that one) is the one."""
     fields = tiny_spec(resources={"cluster": "gpu-box", "gpus_per_node": 2})
     spec = JobSpec.model_validate({**fields, "escalation": {"max_attempts": max_attempts}})
     plan = advise(spec, GPU_BOX).plan.model_dump(mode="json")
@@ -88,8 +89,8 @@ def failed_run(
         admit_pending(session, settings.cluster_profiles())
         attempt = job_store.current_attempt(session, job)
         assert attempt is not None
-        if second_rung is not None:
-            attempt = _second_attempt(session, job, attempt, second_rung)
+        if second is not None:
+            attempt = _second_attempt(session, job, attempt, *second)
         move_job(session, job, JobStatus.QUEUED, JobStatus.LAUNCHING, "launching",
                  current_attempt=attempt.number)  # fmt: skip
         move_attempt(session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, "launching",
@@ -100,11 +101,13 @@ def failed_run(
         return job.id, attempt.id
 
 
-def _second_attempt(session: Session, job: Job, first: Attempt, rung: str) -> Attempt:
+def _second_attempt(
+    session: Session, job: Job, first: Attempt, kind: AttemptKind, rung: str
+) -> Attempt:
     for new in (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, AttemptStatus.FAILED):
         move_attempt(session, first, AttemptStatus(first.status), new, "failed")
     return job_store.add_attempt(
-        session, job, number=2, plan=first.plan, rung=rung, backend="local"
+        session, job, kind=kind, number=2, plan=first.plan, rung=rung, backend="local"
     )
 
 
@@ -153,19 +156,21 @@ def test_an_oom_no_plan_can_absorb_ends_the_job_with_the_numbers(
 
 
 @pytest.mark.parametrize(
-    ("second_rung", "counted"),
+    ("second", "counted"),
     [
-        (f"{DISRUPTION_RUNG} (DisruptionTarget)", False),
-        (f"{STOP_RUNG} (PREEMPTED)", False),
-        (f"{PREEMPTION_RUNG} (by job 0123456789abcdef)", False),
-        ("micro-batch 4 -> 2 (accumulation 1 -> 2)", True),
+        ((AttemptKind.DISRUPTION, f"{DISRUPTION_RUNG} (DisruptionTarget)"), False),
+        ((AttemptKind.STOP, f"{STOP_RUNG} (PREEMPTED)"), False),
+        ((AttemptKind.PREEMPTION, f"{PREEMPTION_RUNG} (by job 0123456789abcdef)"), False),
+        ((AttemptKind.REPLACEMENT, "re-placed on cpu-b after the launch on gpu-a failed"), False),
+        ((AttemptKind.ESCALATION, "micro-batch 4 -> 2 (accumulation 1 -> 2)"), True),
+        ((AttemptKind.OOM_RETRY, "retry: other processes held the GPU"), True),
     ],
 )
 def test_disruptions_stops_and_preemptions_use_none_of_the_users_attempts(
-    settings: Settings, tmp_path: Path, second_rung: str, counted: bool
+    settings: Settings, tmp_path: Path, second: tuple[AttemptKind, str], counted: bool
 ) -> None:
     log = cuda_oom("4.00 GiB", "1.50 GiB")
-    job_id, attempt_id = failed_run(settings, tmp_path, log, 2, second_rung)
+    job_id, attempt_id = failed_run(settings, tmp_path, log, 2, second)
 
     reconcile_attempt(settings, attempt_id)
 

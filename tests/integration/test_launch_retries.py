@@ -69,7 +69,7 @@ def test_a_launch_error_ends_the_attempt_after_its_tries_and_frees_the_quota(
     assert attempt["failure_class"] == "LAUNCH_ERROR"
     assert "OSError: [Errno 36] File name too long" in attempt["failure_message"]
     assert f"(launch tried {TRIES} times)" in attempt["failure_message"]
-    assert attempt["failure_evidence"]["launch_tries"] == TRIES
+    assert attempt["launch_tries"] == TRIES
     # Its two GPUs are the whole quota: the next job is admitted only once they are free.
     second = api.wait_for(waiting["id"], {"FAILED", "SUCCEEDED"}, stack, timeout_s=180)
     assert "entrypoint 'no_such_script.py' not found" in second["message"]

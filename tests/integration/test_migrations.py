@@ -56,3 +56,82 @@ def test_0006_gives_every_stored_job_its_gpus_from_its_spec(empty_database: str)
         assert [tuple(row) for row in gpus] == [("one-by-two", 2), ("three-by-eight", 24)]
         with pytest.raises(sa.exc.IntegrityError):  # a job written without its GPUs is refused
             insert_job(connection, "no-gpus", 1, 1)
+
+
+# Attempts as 0013 stored them: (rung, failure_evidence) -> the kind 0014 gives each.
+RUNGS_0013 = [
+    ("advisor", {}, "advisor"),
+    ("micro-batch 8 -> 4 (accumulation 1 -> 2)", {"class": "OOM_GPU"}, "escalation"),
+    ("retry: other processes held the GPU", {}, "oom_retry"),
+    ("retry after a disruption (DisruptionTarget)", {}, "disruption"),
+    ("resume after a stop (PREEMPTED)", {"stop_grace": "3 s, the spec's checkpoint.grace_s",
+                                         "stop_grace_s": 3, "class": "PREEMPTED"}, "stop"),
+    ("resume after preemption (by job 0123456789abcdef)", {}, "preemption"),
+    ("re-placed on cpu-b after the launch on gpu-a failed", {}, "replacement"),
+    ("ZeRO-2 -> ZeRO-3", {"launch_tries": 2, "launch_error": "image not found",
+                          "launch_cluster": "gpu-a", "class": "LAUNCH_ERROR"}, "escalation"),
+]  # fmt: skip
+
+
+def insert_attempt(connection: sa.Connection, number: int, rung: str, evidence: dict) -> None:
+    connection.execute(
+        sa.text(
+            "INSERT INTO attempt (id, job_id, number, status, plan, rung, backend, backend_name, "
+            "native_state, failure_message, failure_evidence, runtime_evidence, created_at, "
+            "updated_at) VALUES (:id, 'old', :number, 'FAILED', '{}', :rung, 'local', :name, '', "
+            "'', :evidence, '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+        ),
+        {"id": f"a{number}", "number": number, "rung": rung, "name": f"zp-old-a{number}",
+         "evidence": json.dumps(evidence)},
+    )  # fmt: skip
+
+
+def test_0014_gives_each_attempt_its_kind_and_moves_launch_and_stop_keys_to_columns(
+    empty_database: str,
+) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0013")
+    engine = get_engine(empty_database)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO team (name, gpu_share, checkpoint_roots, "
+                "created_at) VALUES ('vision', 1, '[]', CURRENT_TIMESTAMP)"
+            )
+        )
+        connection.execute(sa.text(
+            "INSERT INTO \"user\" (name, team_id, is_admin, role, token_hash, created_at) "
+            "VALUES ('alice', 1, false, 'member', 'hash', CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+        connection.execute(sa.text(
+            "INSERT INTO job (id, name, team_id, user_id, status, priority, cluster, gpus, spec, "
+            "plan, advice_reason, current_attempt, message, spec_digest, created_at, updated_at) "
+            "VALUES ('old', 'old', 1, 1, 'FAILED', 50, 'local', 1, '{}', '{}', '', 8, '', 'd', "
+            "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+        for number, (rung, evidence, _kind) in enumerate(RUNGS_0013, start=1):
+            insert_attempt(connection, number, rung, evidence)
+
+    command.upgrade(config, "0014")
+
+    query = ("SELECT kind, launch_tries, launch_error, launch_cluster, stop_grace_s, stop_grace, "
+             "failure_evidence FROM attempt ORDER BY number")  # fmt: skip
+    with engine.connect() as connection:
+        rows = [tuple(row) for row in connection.execute(sa.text(query))]
+    assert [row[0] for row in rows] == [kind for _rung, _evidence, kind in RUNGS_0013]
+    evidence = [json.loads(row[6]) if isinstance(row[6], str) else row[6] for row in rows]
+    assert rows[4][1:6] == (0, None, None, 3.0, "3 s, the spec's checkpoint.grace_s")
+    assert evidence[4] == {"class": "PREEMPTED"}
+    assert rows[7][1:6] == (2, "image not found", "gpu-a", None, None)
+    assert evidence[7] == {"class": "LAUNCH_ERROR"}
+    assert [row[1:6] for row in rows[:4]] == [(0, None, None, None, None)] * 4
+
+    command.downgrade(config, "0013")
+
+    with engine.connect() as connection:
+        stored = connection.execute(
+            sa.text("SELECT rung, failure_evidence FROM attempt ORDER BY number")
+        ).all()
+    assert [(rung, json.loads(e) if isinstance(e, str) else e) for rung, e in stored] == [
+        (rung, evidence) for rung, evidence, _kind in RUNGS_0013
+    ]

@@ -1,7 +1,7 @@
 """Resuming across a change of ZeRO stage with real DeepSpeed, as an escalation does.
 
 A ZeRO-1 run saves a checkpoint at step 10; later attempts resume from it at other stages, the
-way ``workers.escalate.resume_method`` chooses. A resume that restored the weights gives the
+way ``service.db.attempts.resume_method`` chooses. A resume that restored the weights gives the
 native continuation's loss at step 11, and one that also restored the optimizer gives it at
 step 12 too, within SAME_LOSS_RTOL. The model runs in bf16 and another stage runs the step
 through other code (ZeRO-3's parameter gathering, differently partitioned reductions), so
@@ -25,13 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from service.core.advisor import Candidate
 from service.core.clusters import LOCAL_PROFILE
+from service.db.attempts import resume_method
 from tests.integration.helpers import REPO
 from workers.backends import local
 from workers.backends.base import BackendState, LaunchRequest
 from workers.backends.shm import PREFIX, SHM_DIR
-from workers.escalate import resume_method
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +53,7 @@ def run(folder: Path, stage: int, steps: int, resume: tuple[Path, str] | None = 
     env = {"ZEROPILOT_CHECKPOINT_DIR": str(folder / "checkpoints")}
     if resume is not None:
         env |= {"ZEROPILOT_RESUME_FROM": str(resume[0]), "ZEROPILOT_RESUME_METHOD": resume[1]}
-        if resume[1] == "universal":  # as escalate.py renders it
+        if resume[1] == "universal":  # as service.db.attempts renders it
             ds_config["checkpoint"] = {"load_universal": True}
     (folder / "ds_config.json").write_text(json.dumps(ds_config))
     ref = local.submit(
@@ -102,10 +101,6 @@ def zero1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, flo
     return checkpoint, losses(native)
 
 
-def plan(stage: int) -> Candidate:
-    return Candidate.model_construct(zero_stage=stage)
-
-
 @pytest.mark.parametrize(
     ("before", "after", "method"),
     [(1, 1, "native"), (1, 2, "universal"), (2, 1, "universal"), (0, 1, "weights"),
@@ -114,7 +109,7 @@ def plan(stage: int) -> Candidate:
 def test_the_resume_method_follows_what_deepspeed_can_convert(
     before: int, after: int, method: str
 ) -> None:
-    assert resume_method(plan(before), plan(after)) == method
+    assert resume_method(before, after) == method
 
 
 def test_zero1_to_zero2_through_a_universal_checkpoint_keeps_the_optimizer(

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from service.core.clusters import LOCAL_PROFILE
+from service.db.attempts import resume_checkpoint
 from service.db.models import Job
 from service.db.session import get_engine
 from service.settings import Settings
@@ -31,7 +32,7 @@ from tests.integration.helpers import REPO, auth, tiny_spec
 from tests.integration.test_isolation import report, set_attempt
 from workers.backends import local
 from workers.backends.base import BackendState, LaunchRequest
-from workers.retention import resume_checkpoint, retain
+from workers.retention import retain
 
 pytestmark = pytest.mark.slow
 
@@ -195,7 +196,7 @@ def test_a_rank_killed_mid_save_leaves_a_checkpoint_never_latest_nor_resumed_fro
     shown = {c["step"]: c for c in detail(client, tokens["alice"], job["id"])["checkpoints"]}
     assert (shown[2]["complete"], shown[4]["complete"]) == (True, False)
     with Session(get_engine(settings.database_url)) as session:
-        chosen = resume_checkpoint(session, settings, session.get(Job, job["id"]))
+        chosen = resume_checkpoint(session, settings.data_dir, session.get(Job, job["id"]))
     assert chosen is not None and chosen.step == 2  # what escalate and disruption resume from
 
 
