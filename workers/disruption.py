@@ -23,6 +23,7 @@ RUNGS = {
     AttemptKind.DISRUPTION: "retry after a disruption",
     # a stop from outside zeropilot (a drain, the cluster's own preemption) that it saved at
     AttemptKind.STOP: "resume after a stop",
+    AttemptKind.FAULT_RETRY: "retry after a fault",  # an NCCL or gloo timeout or error
 }
 PREEMPTION_RUNG = "resume after preemption"
 _RUNNING = (JobStatus.LAUNCHING, JobStatus.RUNNING)

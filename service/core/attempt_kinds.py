@@ -22,8 +22,8 @@ class AttemptKind(StrEnum):
     STOP = "stop"  # the same plan from the save at a stop from outside zeropilot (a drain)
     PREEMPTION = "preemption"  # the same plan after zeropilot stopped it for another job
     REPLACEMENT = "replacement"  # another cluster's plan after the launch failed for good
-    # Coming (design: "The job's health"): a hang, an NCCL failure or a bad node, not the user's
-    # fault, resumed with that node left out. Nothing makes one yet.
+    # The same plan after a fault that is not the user's: an NCCL (or gloo) timeout or error
+    # today; hangs and bad nodes, with that node left out, are coming.
     FAULT_RETRY = "fault_retry"
     # Coming (design: "What follows an attempt's end"): the same job on other nodes or fewer.
     # Nothing makes one yet.
@@ -38,6 +38,7 @@ class Budget:
 
 MAX_DISRUPTION_RETRIES = 3  # a cluster that keeps taking nodes away ends the job
 MAX_STOP_RESUMES = 20  # larger: a stop that was saved at loses nothing
+MAX_FAULT_RETRIES = 3  # a communicator that keeps failing is more than a passing fault
 
 _USERS = Budget(uses_max_attempts=True, own_limit=None)
 _NOT_COUNTED = Budget(uses_max_attempts=False, own_limit=None)
@@ -54,7 +55,7 @@ BUDGETS: Mapping[AttemptKind, Budget] = MappingProxyType(
         AttemptKind.STOP: Budget(uses_max_attempts=False, own_limit=MAX_STOP_RESUMES),
         AttemptKind.PREEMPTION: _NOT_COUNTED,
         AttemptKind.REPLACEMENT: _NOT_COUNTED,
-        AttemptKind.FAULT_RETRY: _NOT_COUNTED,
+        AttemptKind.FAULT_RETRY: Budget(uses_max_attempts=False, own_limit=MAX_FAULT_RETRIES),
         AttemptKind.RESIZE: _NOT_COUNTED,
     }
 )

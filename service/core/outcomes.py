@@ -155,12 +155,17 @@ def decide(facts: Facts) -> Outcome:
 
 
 def _disruption_kind(ending: Ending, failure: FailureClass) -> AttemptKind | None:
-    """A node taken away (the cluster still knew the run), or a stop from outside that the
-    training answered by saving: not the job's fault, the same plan goes on."""
-    if failure == FailureClass.NODE_LOST and not ending.lost:
+    """A node taken away (the cluster still knew the run), a stop from outside that the
+    training answered by saving, a collective that timed out or failed: not the job's fault,
+    the same plan goes on."""
+    if ending.lost:
+        return None
+    if failure == FailureClass.NODE_LOST:
         return AttemptKind.DISRUPTION
-    if failure == FailureClass.PREEMPTED and not ending.lost:
+    if failure == FailureClass.PREEMPTED:
         return AttemptKind.STOP
+    if failure in (FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR):
+        return AttemptKind.FAULT_RETRY  # the communicator, almost never the user's code
     return None
 
 

@@ -7,6 +7,7 @@ import pytest
 from service.core.attempt_kinds import (
     BUDGETS,
     MAX_DISRUPTION_RETRIES,
+    MAX_FAULT_RETRIES,
     MAX_STOP_RESUMES,
     AttemptKind,
     max_attempts_used,
@@ -27,9 +28,13 @@ def test_only_the_users_own_attempts_use_max_attempts() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "limit"),
-    [(AttemptKind.DISRUPTION, MAX_DISRUPTION_RETRIES), (AttemptKind.STOP, MAX_STOP_RESUMES)],
+    [
+        (AttemptKind.DISRUPTION, MAX_DISRUPTION_RETRIES),
+        (AttemptKind.STOP, MAX_STOP_RESUMES),
+        (AttemptKind.FAULT_RETRY, MAX_FAULT_RETRIES),
+    ],
 )
-def test_disruptions_and_stops_end_at_their_own_limit(kind: AttemptKind, limit: int) -> None:
+def test_disruptions_stops_and_faults_end_at_their_own_limit(kind: AttemptKind, limit: int) -> None:
     before_last = ["advisor", "escalation"] + [kind.value] * (limit - 1)
     assert within_own_limit(before_last, kind)
     assert not within_own_limit([*before_last, kind.value], kind)

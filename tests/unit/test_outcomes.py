@@ -8,7 +8,12 @@ from typing import cast
 import pytest
 
 from service.core.advisor import Candidate
-from service.core.attempt_kinds import MAX_DISRUPTION_RETRIES, MAX_STOP_RESUMES, AttemptKind
+from service.core.attempt_kinds import (
+    MAX_DISRUPTION_RETRIES,
+    MAX_FAULT_RETRIES,
+    MAX_STOP_RESUMES,
+    AttemptKind,
+)
 from service.core.escalation import Decision as Replan
 from service.core.failures import FailureClass
 from service.core.outcomes import (
@@ -143,7 +148,18 @@ def test_out_of_memory_without_escalation_fails() -> None:
     )
 
 
-@pytest.mark.parametrize("failure", [F.NCCL_TIMEOUT, F.USER_ERROR, F.TIMEOUT, F.KILLED])
+@pytest.mark.parametrize("failure", [F.NCCL_TIMEOUT, F.NCCL_ERROR])
+def test_a_failed_collective_runs_the_same_plan_again_on_its_own_budget(
+    failure: FailureClass,
+) -> None:
+    used = (K.ADVISOR, *[K.FAULT_RETRY] * (MAX_FAULT_RETRIES - 1))
+    assert decide(facts(failure, kinds=used)) == Retry(K.FAULT_RETRY)
+    spent = (K.ADVISOR, *[K.FAULT_RETRY] * MAX_FAULT_RETRIES)
+    assert decide(facts(failure, kinds=spent)) == Fail(failure, f"{failure}: the line")
+    assert decide(lost(failure)) == Fail(failure, f"{failure}: the line")
+
+
+@pytest.mark.parametrize("failure", [F.USER_ERROR, F.TIMEOUT, F.KILLED])
 def test_other_failures_fail_with_their_class(failure: FailureClass) -> None:
     assert decide(facts(failure)) == Fail(failure, f"{failure}: the line")
 
