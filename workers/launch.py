@@ -54,7 +54,8 @@ def launch_attempt(settings: Settings, attempt_id: str) -> float | None:
     except PermanentError as exc:
         _fail_launch(settings, attempt_id, describe_error(exc))
     except Exception as exc:  # every other launch error is retried, a bounded number of times
-        return _count_failed_try(settings, attempt_id, describe_error(exc))
+        asked = exc.delay_s if isinstance(exc, TemporaryError) else 0.0
+        return _count_failed_try(settings, attempt_id, describe_error(exc), asked)
     return None
 
 
@@ -87,8 +88,11 @@ def describe_error(exc: Exception) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "\u2026"
 
 
-def _count_failed_try(settings: Settings, attempt_id: str, error: str) -> float | None:
-    """Record one failed try; end the attempt after the last, else return the wait."""
+def _count_failed_try(
+    settings: Settings, attempt_id: str, error: str, asked_s: float = 0.0
+) -> float | None:
+    """Record one failed try; end the attempt after the last, else return the wait: the
+    back-off, or longer where the cluster asked for it (``asked_s``), never past the lease."""
     with session_scope(settings.database_url) as session:
         attempt = session.get(Attempt, attempt_id, with_for_update=True)
         if attempt is None or attempt.status != AttemptStatus.LAUNCHING:
@@ -100,7 +104,8 @@ def _count_failed_try(settings: Settings, attempt_id: str, error: str) -> float 
     if tries >= workers.launch_max_tries:
         _fail_launch(settings, attempt_id, f"{error} (launch tried {tries} times)")
         return None
-    delay: float = min(workers.launch_retry_delay_s * 2 ** (tries - 1), workers.launch_lease_s)
+    backoff = workers.launch_retry_delay_s * 2 ** (tries - 1)
+    delay: float = min(max(backoff, asked_s), workers.launch_lease_s)
     log.warning(
         "launch of attempt %s failed (try %d of %d), next try in %.0f s: %s",
         attempt_id,

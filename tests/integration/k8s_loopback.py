@@ -72,9 +72,17 @@ INDEX = "batch.kubernetes.io/job-completion-index"
 class ApiError(Exception):
     """Answered as a ``Status`` object; admission hooks raise it to reject a create."""
 
-    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None):
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        details: JSON | None = None,
+        headers: dict[str, str] | None = None,  # e.g. a 429's Retry-After
+    ):
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details
+        self.headers = headers or {}
 
     def status(self) -> JSON:
         return {
@@ -515,7 +523,7 @@ def _handler_for(server: LoopbackApiServer) -> type[BaseHTTPRequestHandler]:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
                 answer = self._answer(method, url.path, query, body)
             except ApiError as exc:
-                self._send(exc.code, exc.status())
+                self._send(exc.code, exc.status(), headers=exc.headers)
                 return
             if isinstance(answer, str):
                 self._send(200, answer.encode(), "text/plain")
@@ -551,10 +559,16 @@ def _handler_for(server: LoopbackApiServer) -> type[BaseHTTPRequestHandler]:
             )
 
         def _send(
-            self, code: int, payload: JSON | bytes, content_type: str = "application/json"
+            self,
+            code: int,
+            payload: JSON | bytes,
+            content_type: str = "application/json",
+            headers: dict[str, str] | None = None,
         ) -> None:
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

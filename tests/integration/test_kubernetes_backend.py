@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -1443,6 +1444,31 @@ def load(settings: Settings, job_id: str, attempt_id: str) -> tuple[Job, Attempt
 
 
 # ---- what only the loopback stand-in can show ----
+
+
+def test_a_launch_the_api_server_asks_to_wait_waits_as_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 429 with Retry-After: the next try comes no sooner than the server asked (17 s), over
+    # the first back-off (workers.launch_retry_delay_s, 5 s) and within the lease (30 s).
+    def busy(_resource: str, _obj: dict[str, Any]) -> None:
+        raise ApiError(
+            429, "TooManyRequests", "the server has received too many requests",
+            headers={"Retry-After": "17"},
+        )  # fmt: skip
+
+    with loopback_api_server() as server:
+        server.admission = busy
+        stand_in = SimpleNamespace(kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"))
+        settings, _job_id, attempt_id = queued_kubernetes_job(stand_in, "ml", tmp_path, monkeypatch)
+        with pytest.raises(TemporaryError) as raised:
+            kubernetes.submit(
+                launch_request(tmp_path, k8s_profile(stand_in.kubeconfig, namespace="ml"))
+            )
+        wait = launch_attempt(settings, attempt_id)
+
+    assert raised.value.delay_s == 17.0
+    assert wait == 17.0
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,10 @@ class PermanentError(Exception):
 
 
 class TemporaryError(Exception):
-    """The cluster could not be reached or was busy; retry after ``delay_s``."""
+    """The cluster could not be reached or was busy; retry, not before ``delay_s`` (what the
+    cluster asked for, e.g. a 429's Retry-After; 0: the caller's own back-off decides)."""
 
-    def __init__(self, message: str, delay_s: float = 10.0) -> None:
+    def __init__(self, message: str, delay_s: float = 0.0) -> None:
         super().__init__(message)
         self.delay_s = delay_s
 
