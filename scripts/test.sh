@@ -35,7 +35,7 @@ fi
 
 echo "== tests"
 status=0
-python -m pytest -ra "$@" || status=$?
+python -m pytest -ra --durations=15 "$@" || status=$?
 if ((status != 0)); then
     # A run killed from outside prints no summary: leave what the machine says about it.
     echo "== pytest exited $status; memory and the kernel's last kills:"

@@ -92,3 +92,20 @@ def no_kubernetes_watches_left_behind() -> Iterator[None]:
     they go with the test, not on against a namespace or control plane that is gone."""
     yield
     kubernetes_watch.stop_all()
+
+
+_TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each tier's time (setup, call and teardown; session fixtures count where first
+    used), for the summary below: the suite's budget is kept per tier."""
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _TIER_SECONDS:
+        times = ", ".join(f"{tier} {s / 60:.1f} min" for tier, s in sorted(_TIER_SECONDS.items()))
+        terminalreporter.write_line(f"time by tier: {times}")
