@@ -125,6 +125,10 @@ class Decision:
     admitted: list[str]  # job ids, in admission order
     waiting: dict[str, str]  # job id -> why it still waits, in words
     borrowing: frozenset[str] = frozenset()  # admitted past their team's quota
+    # How it was reached, for predictions and backfill (not part of the decision's equality):
+    # every job id in the order admission took them; each cluster's first job over its cap.
+    considered: tuple[str, ...] = field(default=(), compare=False)
+    blocked: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
@@ -135,7 +139,8 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     admitted: list[str] = []
     borrowing: set[str] = set()
     reasons: dict[str, str] = {}
-    blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
+    blocked: dict[str, str] = {}  # clusters where an earlier job is waiting for the cap
+    considered: list[str] = []
     # GPUs held in the nominal pool (where no cluster cap is set): by teams with a quota
     in_use = sum(gpus for team, gpus in held.by_team.items() if limits.in_pool(team))
     still_waiting = {job.job_id for job in waiting}
@@ -149,6 +154,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
 
     def consider(job: Waiting) -> None:
         nonlocal in_use
+        considered.append(job.job_id)
         if job.cluster in blocked:
             reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
             return
@@ -168,7 +174,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
                 reasons[job.job_id] = beyond
                 return
             reasons[job.job_id] = why
-            blocked.add(job.cluster)
+            blocked[job.cluster] = job.job_id
             return
         admitted.append(job.job_id)
         still_waiting.discard(job.job_id)
@@ -188,7 +194,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
             consider(job)
     for job in deferred:  # their preemptors have been considered: what is left is theirs
         consider(job)
-    return Decision(admitted, reasons, frozenset(borrowing))
+    return Decision(admitted, reasons, frozenset(borrowing), tuple(considered), blocked)
 
 
 def _queues_by_team(waiting: list[Waiting]) -> dict[str, deque[Waiting]]:
