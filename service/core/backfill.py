@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from service.core.admission import Decision, Held, Limits, Waiting, admit
-from service.core.forecast import Holding, Length, Pool, predicted_end
+from service.core.forecast import Holding, Length, Pool, predicted_end, with_started
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ class Margin:
     of its predicted run, never less than a floor (the predictions' error, docs/scheduling.md)."""
 
     floor_s: float = 60.0
-    fraction: float = 0.25
+    share: float = 0.25
 
     def of(self, run_s: float) -> float:
-        return max(self.floor_s, self.fraction * run_s)
+        return max(self.floor_s, self.share * run_s)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,10 @@ class _Passing:
         self.reasons[job.job_id] = why
         if borrowing:
             self.borrowing.add(job.job_id)
-        self.used = _after(self.used, [job])
+        by_team, by_cluster = dict(self.used.by_team), dict(self.used.by_cluster)
+        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
+        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
+        self.used = Held(by_team, by_cluster)
 
 
 def backfill(
@@ -96,8 +99,9 @@ def backfill(
     """The jobs behind each cluster's blocked job that may start now (``decision``: admit's)."""
     by_id = {job.job_id: job for job in waiting}
     admitted = [by_id[job_id] for job_id in decision.admitted]
-    passing = _Passing(_after(held, admitted))
-    holders = [*holding, *(_starting(job, lengths, now) for job in admitted)]
+    used, started = with_started(admitted, lengths, held, now)
+    passing = _Passing(used)
+    holders = [*holding, *started]
     reservations = {}
     for cluster, first_id in decision.blocked.items():
         reservation = reserve(by_id[first_id], holders, passing.used, limits, now)
@@ -138,18 +142,3 @@ def _pass_behind(
         else:
             continue
         passing.let_through(job, f"backfilled: {why}", bool(alone.borrowing))
-
-
-def _after(held: Held, jobs: Sequence[Waiting]) -> Held:
-    """What is held once ``jobs`` hold their GPUs too."""
-    by_team, by_cluster = dict(held.by_team), dict(held.by_cluster)
-    for job in jobs:
-        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
-        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
-    return Held(by_team, by_cluster)
-
-
-def _starting(job: Waiting, lengths: Mapping[str, Length], now: datetime) -> Holding:
-    """A job admitted now, as a holder: it ends after its whole predicted run."""
-    length = lengths.get(job.job_id, Length())
-    return Holding(job.job_id, job.team, job.cluster, job.gpus, length, started_at=now)

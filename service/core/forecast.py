@@ -121,6 +121,8 @@ class Pool:
 
     def ready(self, gpus: int, at: float) -> tuple[float, str] | None:
         """The first moment from ``at`` with ``gpus`` free, and why then; None: not known."""
+        if self.clock == UNKNOWN:  # behind a job whose start is not known
+            return None
         why = self.clock_why if self.clock > at else "its GPUs are free now"
         at = max(at, self.clock)
         while self.ends and self.ends[0][0] <= at:
@@ -136,6 +138,20 @@ class Pool:
     def _release(self) -> None:
         _end, gpus, _whose = heapq.heappop(self.ends)
         self.free += gpus
+
+
+def with_started(
+    jobs: Sequence[Waiting], lengths: Mapping[str, Length], held: Held, now: datetime
+) -> tuple[Held, list[Holding]]:
+    """What is held once ``jobs`` start now, and those jobs as holders for their whole run."""
+    by_team, by_cluster = dict(held.by_team), dict(held.by_cluster)
+    holders = []
+    for job in jobs:
+        by_team[job.team] = by_team.get(job.team, 0) + job.gpus
+        by_cluster[job.cluster] = by_cluster.get(job.cluster, 0) + job.gpus
+        length = lengths.get(job.job_id, Length())
+        holders.append(Holding(job.job_id, job.team, job.cluster, job.gpus, length, now))
+    return Held(by_team, by_cluster), holders
 
 
 def forecast(

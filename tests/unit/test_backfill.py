@@ -11,7 +11,7 @@ from service.core.forecast import Holding, Length
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 CAP = Limits(cluster_cap={"c": 2})
-MARGIN = Margin(floor_s=5.0, fraction=0.25)
+MARGIN = Margin(floor_s=5.0, share=0.25)
 
 
 def waiting(job_id: str, gpus: int, minute: int, team: str = "ml") -> Waiting:

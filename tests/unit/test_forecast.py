@@ -53,7 +53,8 @@ def test_each_waiting_job_starts_when_the_jobs_ahead_and_the_holders_free_its_gp
         running("short", 4, 100, 1.0, Progress(0, at(-100), 10, at(-90))),  # 90 left at 1 s
         running("long", 4, 400, 1.0),  # no report yet: 400 s from its start 100 s ago
     ]
-    line = [waiting("six", 6), waiting("two", 2, 1), waiting("eight", 8, 2), waiting("one", 1, 3)]
+    line = [waiting("six", 6), waiting("two", 2, 1), waiting("eight", 8, 2), waiting("one", 1, 3),
+            waiting("unknown-too", 1, 4)]  # fmt: skip
     lengths = {"six": Length(60, 1.0), "two": Length(30, 1.0), "one": Length(10, 1.0)}
     limits = Limits(cluster_cap={"c": 8})
 
@@ -68,6 +69,7 @@ def test_each_waiting_job_starts_when_the_jobs_ahead_and_the_holders_free_its_gp
     assert eight.basis.endswith("run: its length is not known (no training.steps, no time limit)")
     assert (one.start_at, one.end_at) == (None, None)  # behind a job that never ends, known
     assert one.basis == "start not known: it waits for a job of unknown length"
+    assert predicted["unknown-too"].start_at is None  # behind one whose start is not known
 
 
 def test_a_team_quota_and_a_cluster_cap_both_hold_a_job_until_the_later_frees() -> None:
