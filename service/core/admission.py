@@ -8,9 +8,10 @@ apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished
 - a cluster's cap: what zeropilot admits onto one cluster (None: no limit, the cluster's own
   scheduler queues): the profile's ``max_gpus``, or lower where the cluster itself limits
   zeropilot (a Kubernetes namespace's GPU quota, ``Cap.source`` names it). A job over it
-  waits, and so does every job ordered after it on that cluster: no backfill, so a large job
-  is never starved by a stream of small ones. A job larger than the whole cap (stored before
-  the cap was lowered) waits without holding anyone back.
+  waits, and so does every job ordered after it on that cluster, so a large job is never
+  starved by a stream of small ones; ``service.core.backfill`` may then let through those
+  predicted to give the GPUs back before its reserved start. A job larger than the whole cap
+  (stored before the cap was lowered) waits without holding anyone back.
 
 Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
 GPUs per share unit first (recomputed after each admission, so two teams with equal shares
