@@ -248,22 +248,29 @@ def _write_waiting(
 ) -> None:
     """The jobs still waiting: why (where it changed), and when they are predicted to start."""
     started = {*decision.admitted, *passed.admitted}
-    messages = {job.id: job.message for job in pending}
-    changed = [  # write only what changed
-        {"id": job_id, "message": WAITING_PREFIX + why}
-        for job_id, why in decision.waiting.items()
-        if job_id not in started and messages[job_id] != WAITING_PREFIX + why
-    ]
-    if changed:
-        session.execute(update(Job), changed)  # by primary key, one executemany
     now, lengths = snapshot.now, snapshot.lengths
     starting = [job for job in snapshot.waiting if job.job_id in started]
     held_after, holders = with_started(starting, lengths, snapshot.held, now)
     still = [job for job in snapshot.waiting if job.job_id not in started]
+    reasons = decision.waiting
+    if passed.admitted:  # the reasons count the GPUs held before the backfilled jobs took theirs
+        reasons = {**reasons, **admit(still, held_after, limits).waiting}
+    _write_reasons(session, pending, {job.job_id: reasons[job.job_id] for job in still})
     order = [job_id for job_id in decision.considered if job_id not in started]
     predictions = forecast(still, order, lengths, [*snapshot.holding, *holders], held_after,
                            limits, now)  # fmt: skip
     write_predictions(session, pending, predictions, now)
+
+
+def _write_reasons(session: Session, pending: Sequence[Row[Any]], reasons: dict[str, str]) -> None:
+    messages = {job.id: job.message for job in pending}
+    changed = [  # write only what changed
+        {"id": job_id, "message": WAITING_PREFIX + why}
+        for job_id, why in reasons.items()
+        if messages[job_id] != WAITING_PREFIX + why
+    ]
+    if changed:
+        session.execute(update(Job), changed)  # by primary key, one executemany
 
 
 def _admit(
