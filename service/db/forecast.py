@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, and_, func, update
+from sqlalchemy import Row, and_, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col
 
@@ -29,38 +29,37 @@ MOVED_SHARE = 0.02
 
 def holding_jobs(session: Session, team_names: Mapping[int, str]) -> list[Holding]:
     """Every job holding GPUs, with what is known of its length and progress."""
-    current = (col(Attempt.id), col(Attempt.job_id), col(Attempt.started_at))
     attempt = (
-        sql_select(*current)
-        .join(
-            Job,
-            and_(col(Attempt.job_id) == Job.id, col(Attempt.number) == Job.current_attempt),
-        )
+        sql_select(col(Attempt.id), col(Attempt.job_id), col(Attempt.started_at))
+        .join(Job, and_(col(Attempt.job_id) == Job.id, col(Attempt.number) == Job.current_attempt))
         .where(col(Job.status).in_(HOLDING))
         .subquery()
     )
-    first, last = func.min(MetricPoint.step), func.max(MetricPoint.step)
-    reports = (
-        sql_select(
-            col(MetricPoint.attempt_id).label("attempt_id"),
-            first.label("first_step"), func.min(MetricPoint.created_at).label("first_at"),
-            last.label("last_step"), func.max(MetricPoint.created_at).label("last_at"),
-        )
-        .where(col(MetricPoint.attempt_id).in_(sql_select(attempt.c.id)))
-        .group_by(col(MetricPoint.attempt_id))
-        .subquery()
-    )  # fmt: skip
     query = (
         sql_select(
             col(Job.id), col(Job.team_id), col(Job.cluster), col(Job.gpus), col(Job.steps),
-            col(Job.step_s), col(Job.time_limit_s), attempt.c.started_at, reports.c.first_step,
-            reports.c.first_at, reports.c.last_step, reports.c.last_at,
+            col(Job.step_s), col(Job.time_limit_s), attempt.c.started_at,
+            *_report(attempt.c.id, first=True), *_report(attempt.c.id, first=False),
         )
         .where(col(Job.status).in_(HOLDING))
         .outerjoin(attempt, attempt.c.job_id == Job.id)
-        .outerjoin(reports, reports.c.attempt_id == attempt.c.id)
     )  # fmt: skip
     return [_holding(row, team_names) for row in session.execute(query).all()]
+
+
+def _report(attempt_id: Any, first: bool) -> tuple[Any, Any]:
+    """The attempt's first (or last) reported step and when it came: two probes of the
+    (attempt_id, step) index, however many steps it reported."""
+    name = "first" if first else "last"
+    order = col(MetricPoint.step) if first else col(MetricPoint.step).desc()
+
+    def probe(column: Any) -> Any:
+        query = sql_select(column).where(col(MetricPoint.attempt_id) == attempt_id)
+        return query.order_by(order).limit(1).scalar_subquery()
+
+    step = probe(col(MetricPoint.step)).label(f"{name}_step")
+    at = probe(col(MetricPoint.created_at)).label(f"{name}_at")
+    return step, at
 
 
 def _holding(row: Row[Any], team_names: Mapping[int, str]) -> Holding:
