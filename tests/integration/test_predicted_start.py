@@ -9,11 +9,12 @@ from datetime import datetime, timedelta
 import pytest
 from sqlmodel import Session, select
 
+from service.core.backfill import Margin
 from service.core.clusters import LOCAL_PROFILE
 from service.core.states import JobStatus
 from service.db.admission import admit_pending
 from service.db.jobs import current_attempt
-from service.db.models import Attempt, Job, MetricPoint, User, as_utc, new_id, utcnow
+from service.db.models import Attempt, Job, JobEvent, MetricPoint, User, as_utc, new_id, utcnow
 from service.db.session import get_engine
 from service.db.transitions import move_job
 from service.db.users import create_user
@@ -95,3 +96,35 @@ def test_waiting_jobs_are_predicted_from_the_running_jobs_steps_and_the_error_is
     admitted_at = as_utc(whole.updated_at)
     assert error == pytest.approx(seconds(admitted_at, t0) - 400, abs=0.05)
     assert -400 < error < -390  # started about 400 s before its first predicted start
+
+
+def test_the_pass_backfills_a_short_job_and_the_others_say_why_they_wait(
+    database_url: str,
+) -> None:
+    capped = {"c": LOCAL_PROFILE.model_copy(update={"name": "c", "max_gpus": 2})}
+    with Session(get_engine(database_url)) as session:
+        create_user(session, "alice", "vision")
+        user = session.exec(select(User)).one()
+        holder = store(session, user, "holder", 1, steps=100, step_s=1.0)  # 100 s from now
+        admit_pending(session, capped)
+        big = store(session, user, "big", 2, steps=10, step_s=1.0)
+        long = store(session, user, "long", 1, steps=1000, step_s=1.0)
+        short = store(session, user, "short", 1, steps=10, step_s=1.0)
+        session.commit()
+
+        admit_pending(session, capped)  # backfill off: everyone waits behind the big job
+        assert short.status == JobStatus.PENDING
+        admit_pending(session, capped, backfill_margin=Margin(floor_s=5.0, share=0.25))
+        session.commit()
+        events = session.exec(select(JobEvent).where(JobEvent.job_id == short.id)).all()
+        for job in (holder, big, long, short):
+            session.refresh(job)
+
+    assert (big.status, long.status, short.status) == ("PENDING", "PENDING", "QUEUED")
+    reason = next(e.reason for e in events if e.subject == "job" and e.to_status == "QUEUED")
+    assert reason.startswith("admitted; backfilled: predicted to end by ")  # 10 s + 5 s margin
+    assert f"before job {big.id}'s reserved start at " in reason
+    assert big.message == "waiting: cluster c has 2 of its 2 GPUs admitted; this job needs 2"
+    assert long.message == "waiting: behind an earlier job waiting for cluster c"
+    holder_ends = as_utc(holder.updated_at) + timedelta(seconds=100)  # no report: from now
+    assert seconds(big.predicted_start_at, holder_ends) == pytest.approx(0, abs=1.0)
