@@ -184,6 +184,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--fail-at-step", type=int, default=0, help="exit 3 at this step (tests)")
     parser.add_argument(
+        "--step-sleep", type=float, default=0.0, help="seconds more per step (tests: a steady pace)"
+    )
+    parser.add_argument(
         "--ignore-sigterm", action="store_true", help="do not save on SIGTERM (tests: the grace)"
     )
     parser.add_argument("--oom-at-step", type=int, default=0, help="raise an OOM here (tests)")
@@ -248,6 +251,7 @@ def main() -> None:
                     engine.backward(loss)
                     engine.step()
                     loss_sum += loss.item()
+            time.sleep(args.step_sleep)
             if step == args.fail_at_step:
                 # Exit 3 on every rank without the interpreter's teardown: there a rank's process
                 # group can abort (SIGABRT) once a peer has gone, and DeepSpeed's launcher

@@ -84,6 +84,13 @@ QUEUE_WAIT = Histogram(
     ["team"],
     buckets=WAIT_BUCKETS,
 )
+START_PREDICTION_ERROR = Histogram(
+    "zeropilot_start_prediction_error_seconds",
+    "How far a job's admission was from its first predicted start while it waited: late or"
+    " early (docs/scheduling.md, predicted starts).",
+    ["cluster", "direction"],
+    buckets=WAIT_BUCKETS,
+)
 SUBMIT_TO_RUNNING = Histogram(
     "zeropilot_submit_to_running_seconds",
     "Time from submission until the first attempt runs.",
@@ -165,6 +172,7 @@ class _Seen:
     failure_class: str | None
     since_submit_s: float
     attempt_number: int | None
+    start_error_s: float | None = None  # on admission: against its first predicted start
 
 
 def install_transition_metrics() -> None:
@@ -232,6 +240,7 @@ def _seen(session: Session, row: JobEvent) -> _Seen:
         failure_class=failure,
         since_submit_s=max(0.0, (datetime.now(UTC) - created).total_seconds()),
         attempt_number=row.attempt_number,
+        start_error_s=job.start_prediction_error_s if job else None,
     )
 
 
@@ -267,12 +276,20 @@ def _count(seen: _Seen) -> None:
     elif seen.from_status == JobStatus.PENDING and status == JobStatus.QUEUED:
         JOBS_ADMITTED.labels(seen.cluster, seen.team).inc()
         QUEUE_WAIT.labels(seen.team).observe(seen.since_submit_s)
+        _observe_start_error(seen)
     elif status == JobStatus.RUNNING and seen.attempt_number == 1:
         SUBMIT_TO_RUNNING.labels(seen.cluster).observe(seen.since_submit_s)
     elif status == JobStatus.ESCALATING:
         ESCALATIONS.labels(seen.cluster, _escalation_class(seen.reason)).inc()
     if JobStatus(status).terminal:
         JOBS_FINISHED.labels(seen.cluster, status).inc()
+
+
+def _observe_start_error(seen: _Seen) -> None:
+    if seen.start_error_s is None:
+        return
+    direction = "late" if seen.start_error_s >= 0 else "early"
+    START_PREDICTION_ERROR.labels(seen.cluster, direction).observe(abs(seen.start_error_s))
 
 
 def _escalation_class(reason: str) -> str:

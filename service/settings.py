@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.backfill import Margin
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.preemption import DEFAULT_MIN_RUNTIME_S
 from service.core.stopping import DEFAULT_GRACE_S, MAX_GRACE_S
@@ -102,10 +103,23 @@ class SchedulingSettings(BaseModel):
     replace_min_gain_s: float = Field(default=600.0, ge=0)
     replace_settle_s: float = Field(default=900.0, ge=0)
     replace_per_pass: int = Field(default=16, ge=0)  # 0: never re-place a waiting job
+    # A job behind one blocked by its cluster's cap may start when it ends before that job's
+    # reserved start by a margin: this share of its predicted run, at least the floor
+    # (service.core.backfill; docs/scheduling.md says why these).
+    backfill: bool = False
+    backfill_margin_s: float = Field(default=60.0, ge=0)
+    backfill_margin_share: float = Field(default=0.25, ge=0)
 
     @property
     def hysteresis(self) -> Hysteresis:
         return Hysteresis(self.replace_min_gain, self.replace_min_gain_s, self.replace_settle_s)
+
+    @property
+    def backfill_margin(self) -> Margin | None:
+        """The backfill's margin, None when backfill is off."""
+        if not self.backfill:
+            return None
+        return Margin(self.backfill_margin_s, self.backfill_margin_share)
 
     @property
     def borrow_backoff_s(self) -> float:

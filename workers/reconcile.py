@@ -223,11 +223,10 @@ def _admit(settings: Settings) -> list[str]:
     sharing = settings.scheduling
     profiles = settings.cluster_profiles()
     with session_scope(settings.database_url) as session:  # its first statement is the write
-        launches = admit_pending(session, profiles, sharing.borrowing, sharing.borrow_backoff_s)
+        admitting = (profiles, sharing.borrowing, sharing.borrow_backoff_s, sharing.backfill_margin)
+        launches = admit_pending(session, *admitting)
         if replace_waiting(session, settings):  # moved where GPUs may be free: admit them now
-            launches += admit_pending(
-                session, profiles, sharing.borrowing, sharing.borrow_backoff_s
-            )
+            launches += admit_pending(session, *admitting)
         stops: list[Stop] = []
         if sharing.preemption:
             policy = Policy(sharing.min_runtime_s, sharing.preempt_across_teams)

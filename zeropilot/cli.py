@@ -28,6 +28,7 @@ from zeropilot.cli_common import (
     print_json,
     read_mapping,
 )
+from zeropilot.cli_predicted import prediction_lines, start_cell
 from zeropilot.cli_teams import teams_app
 from zeropilot.client import Client, GaveUp
 
@@ -211,7 +212,10 @@ def list_jobs(
     if as_json:
         print_json(page)
         return
-    table = Table("ID", "NAME", "STATUS", "ATTEMPT", "PREEMPTED", "CLUSTER", "CREATED", box=None)
+    table = Table(
+        "ID", "NAME", "STATUS", "ATTEMPT", "PREEMPTED", "CLUSTER", "CREATED", "PREDICTED START",
+        box=None,
+    )  # fmt: skip
     for job in page["data"]:
         preempted = len(job.get("preempted_by", []))
         table.add_row(
@@ -222,6 +226,7 @@ def list_jobs(
             f"{preempted}x" if preempted else "-",
             job["cluster"] + (" (borrowing)" if job.get("borrowing") else ""),
             job["created_at"][:19].replace("T", " "),
+            start_cell(job),
         )
     console.print(table)
     console.print(f"{len(page['data'])} of {page['count']} jobs", highlight=False)
@@ -243,6 +248,8 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         console.print(failure, highlight=False, markup=False)
     elif job["status"] == "PENDING" and job["message"]:
         console.print(job["message"], highlight=False)  # why admission holds it
+    for line in prediction_lines(job):
+        console.print(line, highlight=False, markup=False)
     _print_plan(job["plan"], job["advice_reason"])
     _print_sharing(job)
     print_attempts(job)

@@ -35,6 +35,15 @@ class JobPublic(Public):
     preempted_by: list[str]  # jobs that stopped it to start, one per preemption (scheduling.md)
     failure_class: str | None
     message: str
+    # While it waits: when it is predicted to start and end (None: not known), what that rests
+    # on, when it was made; once started, how late it started against its wait's first
+    # prediction, in seconds (negative: early). docs/scheduling.md, "Predicted starts".
+    predicted_start_at: datetime | None = None
+    predicted_end_at: datetime | None = None
+    prediction_basis: str = ""
+    predicted_at: datetime | None = None
+    first_predicted_start_at: datetime | None = None
+    start_prediction_error_s: float | None = None
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

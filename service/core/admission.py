@@ -8,9 +8,10 @@ apply, both counted in GPUs (nodes x GPUs per node) held by admitted, unfinished
 - a cluster's cap: what zeropilot admits onto one cluster (None: no limit, the cluster's own
   scheduler queues): the profile's ``max_gpus``, or lower where the cluster itself limits
   zeropilot (a Kubernetes namespace's GPU quota, ``Cap.source`` names it). A job over it
-  waits, and so does every job ordered after it on that cluster: no backfill, so a large job
-  is never starved by a stream of small ones. A job larger than the whole cap (stored before
-  the cap was lowered) waits without holding anyone back.
+  waits, and so does every job ordered after it on that cluster, so a large job is never
+  starved by a stream of small ones; ``service.core.backfill`` may then let through those
+  predicted to give the GPUs back before its reserved start. A job larger than the whole cap
+  (stored before the cap was lowered) waits without holding anyone back.
 
 Order among waiting jobs: higher priority first; then fair share, the team holding the fewest
 GPUs per share unit first (recomputed after each admission, so two teams with equal shares
@@ -125,6 +126,10 @@ class Decision:
     admitted: list[str]  # job ids, in admission order
     waiting: dict[str, str]  # job id -> why it still waits, in words
     borrowing: frozenset[str] = frozenset()  # admitted past their team's quota
+    # How it was reached, for predictions and backfill (not part of the decision's equality):
+    # every job id in the order admission took them; each cluster's first job over its cap.
+    considered: tuple[str, ...] = field(default=(), compare=False)
+    blocked: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
@@ -135,7 +140,8 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
     admitted: list[str] = []
     borrowing: set[str] = set()
     reasons: dict[str, str] = {}
-    blocked: set[str] = set()  # clusters where an earlier job is waiting for the cap
+    blocked: dict[str, str] = {}  # clusters where an earlier job is waiting for the cap
+    considered: list[str] = []
     # GPUs held in the nominal pool (where no cluster cap is set): by teams with a quota
     in_use = sum(gpus for team, gpus in held.by_team.items() if limits.in_pool(team))
     still_waiting = {job.job_id for job in waiting}
@@ -149,6 +155,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
 
     def consider(job: Waiting) -> None:
         nonlocal in_use
+        considered.append(job.job_id)
         if job.cluster in blocked:
             reasons[job.job_id] = f"behind an earlier job waiting for cluster {job.cluster}"
             return
@@ -168,7 +175,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
                 reasons[job.job_id] = beyond
                 return
             reasons[job.job_id] = why
-            blocked.add(job.cluster)
+            blocked[job.cluster] = job.job_id
             return
         admitted.append(job.job_id)
         still_waiting.discard(job.job_id)
@@ -188,7 +195,7 @@ def admit(waiting: list[Waiting], held: Held, limits: Limits) -> Decision:
             consider(job)
     for job in deferred:  # their preemptors have been considered: what is left is theirs
         consider(job)
-    return Decision(admitted, reasons, frozenset(borrowing))
+    return Decision(admitted, reasons, frozenset(borrowing), tuple(considered), blocked)
 
 
 def _queues_by_team(waiting: list[Waiting]) -> dict[str, deque[Waiting]]:

@@ -14,17 +14,22 @@ last free GPUs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, and_, exists, func, update
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
-from service.core.admission import Cap, Held, Limits, Waiting, admit, never_fits
+from service.core.admission import Cap, Decision, Held, Limits, Waiting, admit, never_fits
+from service.core.backfill import Backfill, Margin, backfill
 from service.core.clusters import ClusterProfile
+from service.core.forecast import Holding, Length, forecast, with_started
 from service.core.preemption import borrow_backoff
 from service.core.states import JobStatus
 from service.db.cluster_bounds import caps_of
+from service.db.forecast import holding_jobs, length_of, start_error_s, write_predictions
 from service.db.held_gpus import held_everywhere
 from service.db.jobs import current_attempt
 from service.db.models import AdmissionTurn, HeldGpus, Job, Team, as_utc, utcnow
@@ -155,7 +160,9 @@ def submit_view(
 WAITING_COLUMNS = (
     col(Job.id), col(Job.name), col(Job.team_id), col(Job.cluster), col(Job.gpus),
     col(Job.priority), col(Job.created_at), col(Job.message), col(Job.preempted_by),
-    col(Job.requeued_at),
+    col(Job.requeued_at), col(Job.steps), col(Job.step_s), col(Job.time_limit_s),
+    col(Job.predicted_start_at), col(Job.predicted_end_at), col(Job.prediction_basis),
+    col(Job.first_predicted_start_at), col(Job.first_predicted_at),
 )  # fmt: skip
 
 
@@ -181,10 +188,13 @@ def admit_pending(
     profiles: dict[str, ClusterProfile],
     borrowing: bool = False,
     backoff_s: float = 0.0,
+    backfill_margin: Margin | None = None,
 ) -> list[str]:
-    """Admit the PENDING jobs that fit; return the ids of the attempts to launch (send them
-    after the commit). Jobs left waiting get the reason as their message. ``backoff_s``: how
-    long a preempted job waits before it borrows again (``borrow_backoff``)."""
+    """Admit the PENDING jobs that fit (with ``backfill_margin``, also those that may pass a
+    blocked job: ``service.core.backfill``); return the ids of the attempts to launch (send
+    them after the commit). Jobs left waiting get the reason as their message and their
+    predicted start and end. ``backoff_s``: how long a preempted job waits before it borrows
+    again (``borrow_backoff``)."""
     _take_turn(session)  # first, so that on SQLite the pass starts as the one writer
     pending = waiting_jobs(session)
     if not pending:
@@ -193,32 +203,90 @@ def admit_pending(
     names = {team.id: team.name for team in teams if team.id is not None}
     waiting = [as_waiting(job, names, backoff_s) for job in pending]
     limits = limits_of(session, teams, profiles, borrowing)
-    decision = admit(waiting, held(session, names), limits)
-    launches = [
+    snapshot = _Snapshot(waiting, held(session, names), holding_jobs(session, names), utcnow(),
+                         {job.id: length_of(job) for job in pending})  # fmt: skip
+    decision = admit(waiting, snapshot.held, limits)
+    passed = Backfill([], {})
+    if backfill_margin is not None:
+        passed = backfill(waiting, decision, snapshot.lengths, snapshot.holding, snapshot.held,
+                          limits, snapshot.now, backfill_margin)  # fmt: skip
+    launches = _admit_all(session, decision, passed, snapshot.now)
+    _write_waiting(session, pending, decision, passed, snapshot, limits)
+    return launches
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """What one pass reads: the waiting jobs, the GPUs held and by whom, their lengths."""
+
+    waiting: list[Waiting]
+    held: Held
+    holding: list[Holding]
+    now: datetime
+    lengths: dict[str, Length]
+
+
+def _admit_all(session: Session, decision: Decision, passed: Backfill, now: datetime) -> list[str]:
+    """Move the admitted jobs, then the backfilled ones, to QUEUED; the attempts to launch."""
+    starting = [(job_id, job_id in decision.borrowing, "") for job_id in decision.admitted]
+    starting += [(job_id, job_id in passed.borrowing, passed.reasons[job_id])
+                 for job_id in passed.admitted]  # fmt: skip
+    return [
         attempt_id
-        for job_id in decision.admitted
-        if (attempt_id := _admit(session, job_id, job_id in decision.borrowing)) is not None
+        for job_id, borrows, why in starting
+        if (attempt_id := _admit(session, job_id, now, borrows, why)) is not None
     ]
+
+
+def _write_waiting(
+    session: Session,
+    pending: Sequence[Row[Any]],
+    decision: Decision,
+    passed: Backfill,
+    snapshot: _Snapshot,
+    limits: Limits,
+) -> None:
+    """The jobs still waiting: why (where it changed), and when they are predicted to start."""
+    started = {*decision.admitted, *passed.admitted}
+    now, lengths = snapshot.now, snapshot.lengths
+    starting = [job for job in snapshot.waiting if job.job_id in started]
+    held_after, holders = with_started(starting, lengths, snapshot.held, now)
+    still = [job for job in snapshot.waiting if job.job_id not in started]
+    reasons = decision.waiting
+    if passed.admitted:  # the reasons count the GPUs held before the backfilled jobs took theirs
+        reasons = {**reasons, **admit(still, held_after, limits).waiting}
+    _write_reasons(session, pending, {job.job_id: reasons[job.job_id] for job in still})
+    order = [job_id for job_id in decision.considered if job_id not in started]
+    predictions = forecast(still, order, lengths, [*snapshot.holding, *holders], held_after,
+                           limits, now)  # fmt: skip
+    write_predictions(session, pending, predictions, now)
+
+
+def _write_reasons(session: Session, pending: Sequence[Row[Any]], reasons: dict[str, str]) -> None:
     messages = {job.id: job.message for job in pending}
     changed = [  # write only what changed
         {"id": job_id, "message": WAITING_PREFIX + why}
-        for job_id, why in decision.waiting.items()
+        for job_id, why in reasons.items()
         if messages[job_id] != WAITING_PREFIX + why
     ]
     if changed:
         session.execute(update(Job), changed)  # by primary key, one executemany
-    return launches
 
 
-def _admit(session: Session, job_id: str, borrowing: bool = False) -> str | None:
-    """Move one job to QUEUED; the id of the attempt to launch, or None if it moved on."""
+def _admit(
+    session: Session, job_id: str, now: datetime, borrowing: bool = False, why: str = ""
+) -> str | None:
+    """Move one job to QUEUED, keeping its first predicted start's error; the id of the
+    attempt to launch, or None if it moved on."""
     job = session.get(Job, job_id)  # whole, as move_job takes it: only the admitted few
     if job is None:
         return None
     reason = "admitted, borrowing idle GPUs past its team's quota" if borrowing else "admitted"
+    reason = f"{reason}; {why}" if why else reason
     moved = move_job(
-        session, job, JobStatus.PENDING, JobStatus.QUEUED, reason, message="", borrowing=borrowing
-    )
+        session, job, JobStatus.PENDING, JobStatus.QUEUED, reason, message="",
+        borrowing=borrowing, start_prediction_error_s=start_error_s(job, now),
+    )  # fmt: skip
     if not moved:
         return None
     attempt = current_attempt(session, job)

@@ -134,6 +134,7 @@ def store_job(
         gpus=spec.resources.world_size,
         steps=spec.training.steps,
         step_s=spec.training.step_seconds(plan.get("tokens_per_second")),
+        time_limit_s=_time_limit_s(spec),
         placed_at=utcnow() if spec.resources.cluster == AUTO_CLUSTER else None,
         spec=stored_spec,
         plan=plan,
@@ -455,3 +456,8 @@ def save_durations(session: Session, job_id: str) -> list[float]:
         Checkpoint.job_id == job_id, col(Checkpoint.save_seconds).is_not(None)
     )
     return [float(s) for s in session.exec(query).all() if s is not None]
+
+
+def _time_limit_s(spec: JobSpec) -> float | None:
+    minutes = spec.resources.time_limit_minutes
+    return None if minutes is None else minutes * 60.0

@@ -114,6 +114,17 @@ class Job(SQLModel, table=True):
     # free up, which placement reads for the jobs after it without loading spec or plan.
     steps: int | None = None
     step_s: float | None = None
+    time_limit_s: float | None = None  # resources.time_limit_minutes: its end without steps
+    # While it waits: when it is predicted to start and end (service.core.forecast), what that
+    # rests on, when it was predicted; the first prediction of this wait, whose error is kept
+    # once it starts (admitted onto its GPUs: seconds late, negative when early).
+    predicted_start_at: datetime | None = None
+    predicted_end_at: datetime | None = None
+    prediction_basis: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    predicted_at: datetime | None = None
+    first_predicted_start_at: datetime | None = None
+    first_predicted_at: datetime | None = None
+    start_prediction_error_s: float | None = None
     # When placement last chose its cluster (cluster: auto only; None: the spec named it): a
     # waiting job is re-placed only some time after (service.core.waiting_placement).
     placed_at: datetime | None = None

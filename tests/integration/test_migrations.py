@@ -135,3 +135,46 @@ def test_0014_gives_each_attempt_its_kind_and_moves_launch_and_stop_keys_to_colu
     assert [(rung, json.loads(e) if isinstance(e, str) else e) for rung, e in stored] == [
         (rung, evidence) for rung, evidence, _kind in RUNGS_0013
     ]
+
+
+def test_0015_reads_each_stored_jobs_time_limit_and_leaves_it_unpredicted(
+    empty_database: str,
+) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0014")
+    engine = get_engine(empty_database)
+    limited = {"name": "old", "resources": {"cluster": "local", "nodes": 1, "gpus_per_node": 2,
+                                            "time_limit_minutes": 90}}  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO team (name, gpu_share, checkpoint_roots, "
+                "created_at) VALUES ('vision', 1, '[]', CURRENT_TIMESTAMP)"
+            )
+        )
+        connection.execute(sa.text(
+            "INSERT INTO \"user\" (name, team_id, is_admin, role, token_hash, created_at) "
+            "VALUES ('alice', 1, false, 'member', 'hash', CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+        for job_id, spec in (("no-limit", {**limited, "resources": {"nodes": 1}}),
+                             ("limited", limited)):  # fmt: skip
+            connection.execute(sa.text(
+                "INSERT INTO job (id, name, team_id, user_id, status, priority, cluster, gpus, "
+                "spec, plan, advice_reason, current_attempt, message, spec_digest, created_at, "
+                "updated_at) VALUES (:id, 'old', 1, 1, 'PENDING', 50, 'local', 2, :spec, '{}', "
+                "'', 1, '', 'd', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            ), {"id": job_id, "spec": json.dumps(spec)})  # fmt: skip
+
+    command.upgrade(config, "0015")
+
+    query = ("SELECT id, time_limit_s, predicted_start_at, prediction_basis, "
+             "start_prediction_error_s FROM job ORDER BY id")  # fmt: skip
+    with engine.connect() as connection:
+        rows = [tuple(row) for row in connection.execute(sa.text(query))]
+    assert rows == [("limited", 5400.0, None, "", None), ("no-limit", None, None, "", None)]
+
+    command.downgrade(config, "0014")
+
+    with engine.connect() as connection:
+        columns = {c["name"] for c in sa.inspect(connection).get_columns("job")}
+    assert "time_limit_s" not in columns and "predicted_start_at" not in columns

@@ -48,7 +48,9 @@ def update_team(
     session.add(team)
     sharing = settings.scheduling
     profiles = settings.cluster_profiles()
-    launches = admit_pending(session, profiles, sharing.borrowing, sharing.borrow_backoff_s)
+    launches = admit_pending(
+        session, profiles, sharing.borrowing, sharing.borrow_backoff_s, sharing.backfill_margin
+    )
     session.commit()
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
