@@ -35,6 +35,7 @@ from service.core.advisor.candidates import (
     layout_of,
 )
 from service.core.advisor.choice import Replanning, choose_replanned, plan_identity
+from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
 from service.core.advisor.models import Candidate, format_bytes
 from service.core.advisor.workload import (
@@ -123,8 +124,10 @@ def replan(
     failed: Candidate,
     evidence: Evidence,
     tried: list[Candidate],
+    constants: Calibration = CALIBRATION,
 ) -> Decision | None:
-    """The decision after ``failed`` ran out of memory; None when escalation does not apply."""
+    """The decision after ``failed`` ran out of memory; None when escalation does not apply.
+    ``constants``: the cluster's calibrated ones, so the fastest next plan is its fastest."""
     if evidence.failure_class not in ("OOM_GPU", "OOM_HOST") or not spec.escalation.enabled:
         return None
     if (crowded := _crowded_out(failed, evidence)) is not None:
@@ -137,7 +140,7 @@ def replan(
     )
     replanning = _replanning(failed, evidence, tried, budgets, on_host)
     candidates = [
-        evaluate_layout(replan_spec, work, layout, budgets)
+        evaluate_layout(replan_spec, work, layout, budgets, constants)
         for layout in _layouts(replan_spec, work, failed)
     ]
     chosen = choose_replanned(candidates, replanning)

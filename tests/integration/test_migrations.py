@@ -135,3 +135,32 @@ def test_0014_gives_each_attempt_its_kind_and_moves_launch_and_stop_keys_to_colu
     assert [(rung, json.loads(e) if isinstance(e, str) else e) for rung, e in stored] == [
         (rung, evidence) for rung, evidence, _kind in RUNGS_0013
     ]
+
+
+def test_0016_adds_observations_and_calibrations_and_takes_them_away_again(
+    empty_database: str,
+) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0014")
+    engine = get_engine(empty_database)
+
+    command.upgrade(config, "0016")
+
+    with engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO clustercalibration (cluster, multipliers, gpu_share, cpu_share, "
+            "observations, typical_error, memory_reason, frozen, updated_at) VALUES ('local', "
+            "'{\"mfu_max\": 0.5}', 0, 0.1, 5, 0.04, '', true, CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+    with engine.connect() as connection:
+        stored = connection.execute(
+            sa.text("SELECT cluster, observations, frozen FROM clustercalibration")
+        ).all()
+        assert [tuple(row) for row in stored] == [("local", 5, True)]
+        assert connection.execute(sa.text("SELECT count(*) FROM attemptobservation")).scalar() == 0
+
+    command.downgrade(config, "0014")
+
+    assert not {"attemptobservation", "clustercalibration"} & set(
+        sa.inspect(engine).get_table_names()
+    )
