@@ -248,3 +248,36 @@ class TeamUpdate(BaseModel):
     # with borrowing on: GPUs past its quota it may borrow; null: no limit, 0: never borrows
     gpu_borrow_limit: int | None = Field(default=None, ge=0, le=INT32_MAX, strict=True)
     checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)
+
+
+class ObservationPublic(BaseModel):
+    """One ended attempt as the advisor learnt from it (or why it did not)."""
+
+    attempt_id: str
+    job_id: str
+    predicted_step_seconds: float | None  # the plan's, when it was made
+    step_seconds: float | None  # median of the steady steps; null: not learnt from
+    neighbours: int  # other attempts on its device while it ran (they weigh it down)
+    peak_bytes: int | None
+    peak_kind: str  # resident (CPU ranks), allocated or reserved (GPUs)
+    skipped: str  # why it is not learnt from ("": it is)
+    created_at: datetime
+
+
+class CalibrationPublic(BaseModel):
+    cluster: str
+    observations: int  # how many the stored fit used; 0: the advisor's own constants
+    typical_error: float  # median |predicted / measured - 1| of step time after the fit
+    multipliers: dict[str, float]  # each fitted constant over the advisor's
+    gpu_memory_share: float  # added to the allocator's share of a step's transient bytes
+    cpu_memory_share: float
+    memory_reason: str
+    frozen: bool
+    fitted_at: datetime | None
+    learn_since: datetime | None  # the last reset: observations before it are not learnt from
+    recent: list[ObservationPublic]  # the latest, newest first
+
+
+class CalibrationUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    frozen: bool = Field(strict=True)  # true: keep the constants as they are

@@ -92,7 +92,8 @@ REFIT_AT_LEAST_EVERY = timedelta(days=1)  # fewer than N new in a day still coun
 
 
 def refit_due(new: int, after: int, fitted_at: datetime | None, now: datetime) -> bool:
-    """Refit after ``after`` new observations, or after a day with any new one."""
+    """Refit after ``after`` new observations, or a day after the last fit with any new one;
+    the first fit waits for ``after`` runs."""
     if new >= after:
         return True
-    return new > 0 and (fitted_at is None or now - fitted_at >= REFIT_AT_LEAST_EVERY)
+    return new > 0 and fitted_at is not None and now - fitted_at >= REFIT_AT_LEAST_EVERY
