@@ -22,9 +22,9 @@ from service.core.observing import Measured, measure, peak_kind
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from service.db.models import Attempt, AttemptObservation, Job, MetricPoint, as_utc
+from zeropilot.runtime import RESERVED_PEAK_KEY
 
 BATCH = 200  # attempts looked at per pass; the rest in the next
-RESERVED_KEY = "memory_reserved_peak_bytes"  # the runtime's extra number, where torch has it
 _ENDED = [s.value for s in AttemptStatus if s.terminal]
 
 
@@ -87,7 +87,7 @@ def _fill(
     row.step_seconds, row.steady_steps, row.skipped = (
         measured.step_seconds, measured.steady_steps, measured.skipped
     )  # fmt: skip
-    reserved = [int(e[RESERVED_KEY]) for _t, _p, e in points if e and e.get(RESERVED_KEY)]
+    reserved = [int(e[RESERVED_PEAK_KEY]) for _t, _p, e in points if e and e.get(RESERVED_PEAK_KEY)]
     peaks = [p for _t, p, _e in points if p is not None]
     use_reserved = bool(reserved) and not on_cpu
     row.peak_kind = peak_kind(on_cpu, use_reserved)
