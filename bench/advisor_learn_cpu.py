@@ -11,7 +11,7 @@ plan's step time is predicted with that calibration, and it is measured as the o
 For each job: the measured step time, today's prediction for the plan that ran (the advisor's
 ``cpu`` constants) and its error; for the sixth also the calibrated prediction and its error.
 
-    python bench/advisor_learn_cpu.py [--steps 20]
+    python bench/advisor_learn_cpu.py [--steps 30]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from sqlmodel import Session, select
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from service.core.advisor.calibration import WARMUP_STEPS  # noqa: E402
 from service.core.advisor.models import Candidate  # noqa: E402
 from service.core.advisor.step_time import predict_step_time  # noqa: E402
 from service.core.observing import observation_of  # noqa: E402
@@ -55,7 +57,7 @@ VOCAB = 512
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="zp-learn-") as folder:
         env = _environment(Path(folder))
@@ -100,7 +102,16 @@ def _print_row(
     if calibrated:
         assert plan.step_seconds is not None
         text += f" {plan.step_seconds * 1e3:8.1f}ms {plan.step_seconds / measured - 1:+7.1%}"
-    print(text, flush=True)
+    print(f"{text}\n    {_spread(spec, job)}; load average {os.getloadavg()[0]:.1f} on"
+          f" {os.cpu_count()} cores", flush=True)  # fmt: skip
+
+
+def _spread(spec: JobSpec, job: dict[str, Any]) -> str:
+    """The steady steps' quartiles: how noisy the machine was while the job ran."""
+    paces = [p["tokens_per_s"] for p in sorted(job["metrics"], key=lambda p: p["step"])]
+    steps = sorted(s for p in paces[WARMUP_STEPS:] if (s := spec.training.step_seconds(p)))
+    q1, _, q3 = statistics.quantiles(steps, n=4)
+    return f"{len(steps)} steady steps, quartiles {q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms"
 
 
 def _label(shape: tuple[int, ...]) -> str:
