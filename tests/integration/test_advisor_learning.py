@@ -100,6 +100,11 @@ def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
     shown = client.get(calibrated, headers=auth(tokens["alice"])).json()
     assert shown["observations"] == 5
     assert shown["typical_error"] < 0.05  # five runs of one plan within 2% of each other
+    scraped = client.get("/metrics").text
+    assert 'zeropilot_advisor_calibration_runs{cluster="local"} 5.0' in scraped
+    # the five plans were made with today's constants: 0.017 s against 0.05 s measured
+    error = _gauge(scraped, "zeropilot_advisor_step_time_prediction_error")
+    assert error == pytest.approx(1 - first["plan"]["step_seconds"] / 0.05, abs=0.02)
     later = submitted(client, tokens["alice"], "tiny-gpt-later")
     assert "calibrated on 5 runs of this cluster" in later["advice_reason"]
     # Today's constants said 3x too fast; calibrated, the plan's step follows the measured
@@ -115,3 +120,8 @@ def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
     assert (reset["observations"], reset["multipliers"], reset["frozen"]) == (0, {}, True)
     after_reset = submitted(client, tokens["alice"], "tiny-gpt-after-reset")
     assert "not calibrated here yet" in after_reset["advice_reason"]
+
+
+def _gauge(scraped: str, name: str) -> float:
+    line = next(x for x in scraped.splitlines() if x.startswith(f'{name}{{cluster="local"}}'))
+    return float(line.rsplit(" ", 1)[1])

@@ -19,6 +19,7 @@ from service.core.observing import measure, observation_of, peak_kind, refit_due
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus
 from tests.unit.test_advisor_learning import plans, synthetic
+from zeropilot.cli_calibration import summary
 
 SPEC: dict[str, Any] = {
     "name": "learn",
@@ -125,3 +126,20 @@ def test_a_new_calibration_is_planned_anew_and_an_unchanged_one_is_not() -> None
     assert advise_once(spec(), LOCAL_PROFILE, slower_host(5)) is first
     assert advise_once(spec(), LOCAL_PROFILE, slower_host(6)) is not first
     assert advise_once(spec(), LOCAL_PROFILE) is not first
+
+
+def test_the_cli_says_how_calibrated_a_cluster_is() -> None:
+    shown: dict[str, Any] = {
+        "cluster": "local", "observations": 5, "typical_error": 0.13, "frozen": True,
+        "multipliers": {"mfu_max": 0.157097, "host_seconds_per_block_pass": 3.26828},
+        "memory_reason": "CPU ranks: unchanged: 5 exact peaks with room, 10 would lower it",
+    }  # fmt: skip
+
+    assert summary(shown) == (
+        "cluster local (frozen): calibrated on 5 runs, typical step-time error 13%; "
+        "host_seconds_per_block_pass x3.27, mfu_max x0.157; memory: CPU ranks: unchanged: "
+        "5 exact peaks with room, 10 would lower it"
+    )
+    assert summary({**shown, "observations": 0, "frozen": False}) == (
+        "cluster local: the advisor's own constants (not calibrated)"
+    )
