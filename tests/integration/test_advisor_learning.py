@@ -105,6 +105,8 @@ def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
     # the five plans were made with today's constants: 0.017 s against 0.05 s measured
     error = _gauge(scraped, "zeropilot_advisor_step_time_prediction_error")
     assert error == pytest.approx(1 - first["plan"]["step_seconds"] / 0.05, abs=0.02)
+    advice = client.post("/v1/advice", json=tiny_spec(), headers=auth(tokens["bob"])).json()
+    assert "calibrated on 5 runs of this cluster" in advice["reason"]  # advice reads it too
     later = submitted(client, tokens["alice"], "tiny-gpt-later")
     assert "calibrated on 5 runs of this cluster" in later["advice_reason"]
     # Today's constants said 3x too fast; calibrated, the plan's step follows the measured

@@ -95,7 +95,7 @@ def advise_job(
     if spec.resources.cluster == AUTO:
         return _placed_advice(spec, profiles, chosen, request.app.state.settings)
     profile = profile_for(spec, profiles)
-    calibration = _calibration_of(request.app.state.settings, profile.name)
+    calibration = _calibration_of(request, profile.name)
     try:
         with ADVISOR_SECONDS.labels("/v1/advice").time():
             advice = advise(spec, profile, chosen, calibration=calibration)
@@ -186,7 +186,11 @@ def _no_plan(exc: NoPlanFits) -> HTTPException:
     )
 
 
-def _calibration_of(settings: Settings, cluster: str) -> ClusterCalibration:
-    """The cluster's stored calibration (kept a few seconds per process: most reads no query)."""
+def _calibration_of(request: Request, cluster: str) -> ClusterCalibration | None:
+    """The cluster's stored calibration (kept a few seconds per process: most reads no query);
+    None where the app has no database (the router mounted alone plans with today's)."""
+    settings: Settings | None = getattr(request.app.state, "settings", None)
+    if settings is None:
+        return None
     with Session(get_engine(settings.database_url)) as session:
         return current_calibration(session, cluster)
