@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from service.core.states import AttemptStatus
 from service.db import calibrations
-from service.db.models import Attempt, AttemptObservation, utcnow
+from service.db.models import Attempt, AttemptObservation
 from service.db.session import get_engine
 from service.db.transitions import move_attempt
 from service.security import attempt_token
@@ -44,30 +44,32 @@ def run_to_success(
 ) -> None:
     """The attempt runs, its rank 0 reports every step (``slower`` times ``STEP_SECONDS``),
     and it exits 0."""
+    move(settings, attempt_id, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING)
+    move(settings, attempt_id, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+    report_steps(client, settings, attempt_id, slower)
+    move(settings, attempt_id, AttemptStatus.RUNNING, AttemptStatus.SUCCEEDED)
+
+
+def move(settings: Settings, attempt_id: str, old: AttemptStatus, new: AttemptStatus) -> None:
     with Session(get_engine(settings.database_url)) as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
-        move_attempt(session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, "launch")
-        move_attempt(session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, "runs")
+        exited = {"exit_code": 0} if new == AttemptStatus.SUCCEEDED else {}
+        assert move_attempt(session, attempt, old, new, f"to {new}", **exited)
         session.commit()
+
+
+def report_steps(
+    client: TestClient, settings: Settings, attempt_id: str, slower: float = 1.0
+) -> None:
     points = [
-        {
-            "step": n,
-            "loss": 1.0,
-            "tokens_per_s": TOKENS / (s * slower),
-            "memory_peak_bytes": 700_000_000,
-        }
+        {"step": n, "loss": 1.0, "tokens_per_s": TOKENS / (s * slower),
+         "memory_peak_bytes": 700_000_000}
         for n, s in enumerate(STEP_SECONDS, start=1)
-    ]
+    ]  # fmt: skip
     token = attempt_token(settings.secret_key(), attempt_id)
     url = f"/v1/runtime/attempts/{attempt_id}/metrics/batch"
     assert client.post(url, json=points, headers=auth(token)).status_code == 204
-    with Session(get_engine(settings.database_url)) as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None
-        move_attempt(session, attempt, AttemptStatus.RUNNING, AttemptStatus.SUCCEEDED, "exit 0",
-                     exit_code=0, finished_at=utcnow())  # fmt: skip
-        session.commit()
 
 
 def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
@@ -127,3 +129,23 @@ def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
 def _gauge(scraped: str, name: str) -> float:
     line = next(x for x in scraped.splitlines() if x.startswith(f'{name}{{cluster="local"}}'))
     return float(line.rsplit(" ", 1)[1])
+
+
+def test_attempts_that_ran_side_by_side_on_the_local_host_count_each_other(
+    client: TestClient, settings: Settings, tokens: dict[str, str]
+) -> None:
+    ids = [submitted(client, tokens["alice"], f"side-{n}")["attempts"][0]["id"] for n in (1, 2)]
+    for attempt_id in ids:  # both start before either ends
+        move(settings, attempt_id, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING)
+        move(settings, attempt_id, AttemptStatus.LAUNCHING, AttemptStatus.RUNNING)
+    for attempt_id in ids:
+        report_steps(client, settings, attempt_id)
+        move(settings, attempt_id, AttemptStatus.RUNNING, AttemptStatus.SUCCEEDED)
+    alone = submitted(client, tokens["alice"], "alone")["attempts"][0]["id"]
+    run_to_success(client, settings, alone)
+
+    learn(settings)
+
+    with Session(get_engine(settings.database_url)) as session:
+        shared = [session.get(AttemptObservation, i) for i in [*ids, alone]]
+    assert [o.neighbours if o else None for o in shared] == [1, 1, 0]
