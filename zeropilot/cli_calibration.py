@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from zeropilot.cli_common import JsonOpt, api_client, call_api, console, print_json
+from zeropilot.cli_common import JsonOpt, api_client, call_api, console, fail, print_json
 
 calibration_app = typer.Typer(
     help="The advisor's calibration per cluster, learnt from finished attempts.",
@@ -40,6 +42,22 @@ def reset(cluster: str, as_json: JsonOpt = False) -> None:
     _print(call_api(api_client().reset_calibration, cluster), as_json)
 
 
+@calibration_app.command("export")
+def export(cluster: str) -> None:
+    """The cluster's calibration as JSON, for ``import`` on a cluster of the same hardware."""
+    print_json(call_api(api_client().calibration, cluster))
+
+
+@calibration_app.command("import")
+def import_(cluster: str, file: Path, as_json: JsonOpt = False) -> None:
+    """Start CLUSTER from another cluster's exported constants until its own runs refit."""
+    try:
+        exported = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read {file}: {exc}", 2)
+    _print(call_api(api_client().import_calibration, cluster, exported), as_json)
+
+
 def _print(shown: dict[str, Any], as_json: bool, observations: bool = False) -> None:
     if as_json:
         print_json(shown)
@@ -55,6 +73,8 @@ def summary(shown: dict[str, Any]) -> str:
     if not shown["observations"]:
         return f"cluster {shown['cluster']}{state}: the advisor's own constants (not calibrated)"
     moved = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(shown["multipliers"].items()))
+    if source := shown.get("imported_from"):
+        state += f" (imported from cluster {source} until its own runs refit)"
     return (
         f"cluster {shown['cluster']}{state}: calibrated on {shown['observations']} runs, "
         f"typical step-time error {shown['typical_error']:.0%}; {moved}; memory: "

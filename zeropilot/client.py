@@ -196,6 +196,10 @@ class Client:
         path = f"/v1/clusters/{_segment(cluster)}/calibration"
         return self._call("PATCH", path, json_body={"frozen": frozen})
 
+    def import_calibration(self, cluster: str, exported: dict[str, Any]) -> dict[str, Any]:
+        path = f"/v1/clusters/{_segment(cluster)}/calibration"
+        return self._call("PUT", path, json_body=exported)
+
     def reset_calibration(self, cluster: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/clusters/{_segment(cluster)}/calibration")
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
+from service.core.advisor.calibration_time import KNOBS
 from service.core.attempt_kinds import AttemptKind
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.roles import Role
@@ -250,6 +251,15 @@ class TeamUpdate(BaseModel):
     checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)
 
 
+FITTED_CONSTANTS = frozenset(k.name for k in KNOBS)
+
+
+def _known_constant(name: str) -> str:
+    if name not in FITTED_CONSTANTS:
+        raise ValueError(f"not a fitted constant: {name!r}; they are {sorted(FITTED_CONSTANTS)}")
+    return name
+
+
 class ObservationPublic(BaseModel):
     """One ended attempt as the advisor learnt from it (or why it did not)."""
 
@@ -275,7 +285,22 @@ class CalibrationPublic(BaseModel):
     frozen: bool
     fitted_at: datetime | None
     learn_since: datetime | None  # the last reset: observations before it are not learnt from
+    imported_from: str | None  # the cluster these constants came from, until its own runs refit
     recent: list[ObservationPublic]  # the latest, newest first
+
+
+class CalibrationImport(BaseModel):
+    """Another cluster's calibration as ``GET`` (``zeropilot calibration export``) gave it."""
+
+    model_config = ConfigDict(extra="ignore")  # the rest of an export: recent runs, dates
+    cluster: str = Field(max_length=64)  # where it was learnt
+    observations: int = Field(ge=1, le=INT32_MAX)
+    typical_error: float = Field(ge=0, le=100)
+    multipliers: dict[Annotated[str, AfterValidator(_known_constant)], Annotated[float, Field(
+        ge=0.1, le=10)]] = Field(max_length=16)  # fmt: skip
+    gpu_memory_share: float = Field(ge=-0.05, le=1.0)  # the memory rule's bounds
+    cpu_memory_share: float = Field(ge=-0.05, le=1.0)
+    memory_reason: str = Field(default="", max_length=2000)
 
 
 class CalibrationUpdate(BaseModel):

@@ -55,7 +55,10 @@ def calibration_of(row: ClusterCalibrationRow | None) -> ClusterCalibration:
     if row is None or not row.observations:
         return ClusterCalibration(constants=CALIBRATION)
     memory = MemoryCorrection(row.gpu_share, row.cpu_share, reason=row.memory_reason)
-    return restored(row.multipliers, memory, row.observations, row.typical_error)
+    return restored(
+        row.multipliers, memory, row.observations, row.typical_error,
+        source=row.imported_from or "",
+    )  # fmt: skip
 
 
 def row_of(session: Session, cluster: str) -> ClusterCalibrationRow:
@@ -108,6 +111,7 @@ def refit(session: Session, profile: ClusterProfile, row: ClusterCalibrationRow)
     row.memory_reason = fitted.memory.reason
     row.observations, row.typical_error = fitted.observations, fitted.typical_error
     row.fitted_at = row.updated_at = utcnow()
+    row.imported_from = None  # its own runs from here on
     session.add(row)
 
 
@@ -133,5 +137,19 @@ def reset(session: Session, cluster: str) -> ClusterCalibrationRow:
     row.multipliers, row.gpu_share, row.cpu_share, row.memory_reason = {}, 0.0, 0.0, ""
     row.observations, row.typical_error, row.fitted_at = 0, 0.0, None
     row.learn_since = row.updated_at = utcnow()
+    row.imported_from = None
     session.add(row)
     return row
+
+
+def import_from(session: Session, cluster: str, source: ClusterCalibrationRow) -> None:
+    """Another cluster's constants (``source``, as exported) until this one's own runs refit:
+    a new cluster of the same hardware starts from them. What it learnt before is forgotten."""
+    row = row_of(session, cluster)
+    row.multipliers = dict(source.multipliers)
+    row.gpu_share, row.cpu_share = source.gpu_share, source.cpu_share
+    row.memory_reason = f"imported from cluster {source.cluster}: {source.memory_reason}"
+    row.observations, row.typical_error = source.observations, source.typical_error
+    row.imported_from = source.cluster
+    row.fitted_at = row.learn_since = row.updated_at = utcnow()
+    session.add(row)

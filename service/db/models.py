@@ -267,4 +267,5 @@ class ClusterCalibrationRow(SQLModel, table=True):
     frozen: bool = False  # an operator froze it: new observations are kept, not fitted
     fitted_at: datetime | None = None
     learn_since: datetime | None = None  # a reset forgets the observations before it
+    imported_from: str | None = Field(default=None, max_length=64)  # until its own runs refit
     updated_at: datetime = Field(default_factory=utcnow)

@@ -125,6 +125,15 @@ def test_finished_attempts_calibrate_the_cluster_and_the_next_plan_says_so(
     after_reset = submitted(client, tokens["alice"], "tiny-gpt-after-reset")
     assert "not calibrated here yet" in after_reset["advice_reason"]
 
+    odd = {**shown, "multipliers": {"mfu_maximum": 0.5}}
+    assert client.put(calibrated, json=odd, headers=root).status_code == 422
+    imported = client.put(calibrated, json=shown, headers=root).json()  # an export, as it was
+    assert (imported["imported_from"], imported["observations"]) == ("local", 5)
+    assert imported["multipliers"] == shown["multipliers"]
+    started = submitted(client, tokens["alice"], "tiny-gpt-imported")
+    assert "calibrated on 5 runs of cluster local (imported)" in started["advice_reason"]
+    assert started["plan"]["step_seconds"] == later["plan"]["step_seconds"]
+
 
 def _gauge(scraped: str, name: str) -> float:
     line = next(x for x in scraped.splitlines() if x.startswith(f'{name}{{cluster="local"}}'))

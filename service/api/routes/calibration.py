@@ -8,7 +8,12 @@ from sqlmodel import Session, col, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from service.api.errors import error_responses
-from service.api.schemas import CalibrationPublic, CalibrationUpdate, ObservationPublic
+from service.api.schemas import (
+    CalibrationImport,
+    CalibrationPublic,
+    CalibrationUpdate,
+    ObservationPublic,
+)
 from service.db import calibrations
 from service.db.models import AttemptObservation, ClusterCalibrationRow
 from service.settings import Settings
@@ -55,6 +60,28 @@ def reset_calibration(
     return _public(session, row)
 
 
+@router.put("/{cluster}/calibration", response_model=CalibrationPublic,
+            responses=error_responses(403))  # fmt: skip
+def import_calibration(
+    cluster: str,
+    body: CalibrationImport,
+    _admin: AdminUser,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> CalibrationPublic:
+    """Start from another cluster's constants (an export) until this one's own runs refit."""
+    _known(settings, cluster)
+    source = ClusterCalibrationRow(
+        cluster=body.cluster, multipliers=body.multipliers, gpu_share=body.gpu_memory_share,
+        cpu_share=body.cpu_memory_share, observations=body.observations,
+        typical_error=body.typical_error, memory_reason=body.memory_reason,
+    )  # fmt: skip
+    calibrations.import_from(session, cluster, source)
+    session.commit()
+    calibrations.forget()
+    return _public(session, calibrations.row_of(session, cluster))
+
+
 def _known(settings: Settings, cluster: str) -> None:
     if cluster not in settings.cluster_profiles():
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no cluster {cluster!r}")
@@ -74,5 +101,6 @@ def _public(session: Session, row: ClusterCalibrationRow) -> CalibrationPublic:
         cluster=row.cluster, observations=row.observations, typical_error=row.typical_error,
         multipliers=row.multipliers, gpu_memory_share=row.gpu_share,
         cpu_memory_share=row.cpu_share, memory_reason=row.memory_reason, frozen=row.frozen,
-        fitted_at=row.fitted_at, learn_since=row.learn_since, recent=recent,
+        fitted_at=row.fitted_at, learn_since=row.learn_since, imported_from=row.imported_from,
+        recent=recent,
     )  # fmt: skip

@@ -67,6 +67,7 @@ class ClusterCalibration:
     memory: MemoryCorrection = field(default_factory=MemoryCorrection)
     observations: int = 0
     typical_error: float = 0.0  # median |predicted / measured - 1| of step time after the fit
+    source: str = ""  # the cluster whose runs these are, when imported ("": this one's)
 
     def moves_of(self, constant: str) -> list[Move]:
         """The observations that moved one constant, the strongest pull first."""
@@ -82,6 +83,7 @@ class ClusterCalibration:
             self.memory.cpu_share,
             self.observations,
             self.typical_error,
+            self.source,
         )
 
     def explain(self, step_seconds: float | None) -> str:
@@ -90,8 +92,9 @@ class ClusterCalibration:
         if not self.observations:
             return f"{step.capitalize()} from the advisor's constants (not calibrated here yet)."
         runs = "run" if self.observations == 1 else "runs"
+        where = f"cluster {self.source} (imported)" if self.source else "this cluster"
         return (
-            f"{step.capitalize()}, calibrated on {self.observations} {runs} of this cluster, "
+            f"{step.capitalize()}, calibrated on {self.observations} {runs} of {where}, "
             f"typical error {self.typical_error:.0%}."
         )
 
@@ -129,6 +132,7 @@ def restored(
     observations: int,
     typical_error: float,
     prior: Calibration = CALIBRATION,
+    source: str = "",
 ) -> ClusterCalibration:
     """A stored calibration made whole again: the multipliers over ``prior`` and the shares."""
     theta = [math.log(multipliers.get(k.name, 1.0)) for k in KNOBS]
@@ -140,4 +144,5 @@ def restored(
         memory=memory,
         observations=observations,
         typical_error=typical_error,
+        source=source,
     )

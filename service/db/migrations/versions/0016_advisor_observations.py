@@ -52,6 +52,7 @@ def upgrade() -> None:
         sa.Column("frozen", sa.Boolean(), nullable=False),
         sa.Column("fitted_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
         sa.Column("learn_since", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
+        sa.Column("imported_from", sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
         sa.Column("updated_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
         sa.PrimaryKeyConstraint("cluster"),
     )
