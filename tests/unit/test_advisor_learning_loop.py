@@ -117,6 +117,11 @@ def test_the_reason_says_whether_and_on_how_many_runs_the_step_is_calibrated() -
         f"Step {ms} ms predicted, calibrated on 37 runs of this cluster, typical error 6%."
     )
     assert calibrated.plan.step_seconds > 3 * today.plan.step_seconds  # host-bound: it follows
+    imported = restored({"host_seconds_per_block_pass": 9.0}, MemoryCorrection(), 37, 0.06,
+                        source="a")  # fmt: skip
+    assert imported.explain(0.412) == (
+        "Step 412 ms predicted, calibrated on 37 runs of cluster a (imported), typical error 6%."
+    )
     assert advise(spec(), LOCAL_PROFILE).reason == today.reason.rsplit(" Step", 1)[0]
 
 
