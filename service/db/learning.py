@@ -39,12 +39,12 @@ def record_ended(session: Session, profiles: Mapping[str, ClusterProfile]) -> in
     )
     rows = session.exec(query).all()
     for attempt, job in rows:
-        session.add(observe(session, attempt, job, profiles.get(job.cluster)))
+        session.add(observation_row(session, attempt, job, profiles.get(job.cluster)))
     session.flush()
     return len(rows)
 
 
-def observe(
+def observation_row(
     session: Session, attempt: Attempt, job: Job, profile: ClusterProfile | None
 ) -> AttemptObservation:
     row = AttemptObservation(
