@@ -58,6 +58,10 @@ class WorkerSettings(BaseModel):
     # How often a reconcile pass reads a Kubernetes namespace's GPU quota, which bounds what
     # admission starts there (workers.cluster_bounds).
     cluster_bound_interval_s: float = Field(default=30.0, gt=0)
+    # The advisor's learning (workers.learning): how often ended attempts become observations,
+    # and how many new ones on a cluster refit its calibration (docs/advisor.md).
+    learn_interval_s: float = Field(default=30.0, gt=0)
+    refit_after: int = Field(default=5, ge=1)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
     # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

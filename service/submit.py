@@ -15,7 +15,6 @@ from sqlmodel import Session
 
 from service.checkpoint_paths import outside_roots, resolve_dir, root_holding
 from service.core.admission import Cap
-from service.core.advice_memo import advise_once
 from service.core.advisor import Advice, BadOverrides, ClusterTooSmall, NoPlanFits
 from service.core.clusters import BackendKind, ClusterProfile
 from service.core.placement import AUTO
@@ -27,7 +26,7 @@ from service.db.cluster_bounds import cap_of
 from service.db.jobs import IdempotencyConflict
 from service.db.models import Job
 from service.db.new_job import writes_in_one_statement
-from service.db.placing import place
+from service.db.placing import Planner, calibrated_planner, place
 from service.db.session import autocommit, get_engine
 from service.db.users import Caller, caller_by_token, checkpoint_roots_of
 from service.metrics import ADVISOR_SECONDS
@@ -107,7 +106,7 @@ def _target(session: Session, caller: Caller, spec: JobSpec, settings: Settings)
         profile = _named_profile(profiles, spec)
         return _Target(profile, cap_of(session, profile))
     placed = place(session, spec, profiles, caller, borrowing=settings.scheduling.borrowing,
-                   plan=_timed_advice)  # fmt: skip
+                   plan=_timed_planner(session))  # fmt: skip
     if (chosen := placed.chosen) is None:
         why = placed.ruled_out() or "none configured"
         raise Refused("resources.cluster", f"no cluster can run this job ({why})")
@@ -128,7 +127,7 @@ def _store(
     borrowing = settings.scheduling.borrowing
     if why := refusal(caller, profile.name, gpus, target.cap, borrowing):
         raise Refused("resources", why)
-    advice = target.advice or _advice(spec, profile)
+    advice = target.advice or _advice(session, spec, profile)
     waiting = decide_submitted(
         session, caller, profile.name, gpus, spec.priority, cap=target.cap, borrowing=borrowing
     )
@@ -162,18 +161,24 @@ def _check_team_and_folder(
             raise Refused("checkpoint.dir", outside_roots(folder, team, roots))
 
 
-def _advice(spec: JobSpec, profile: ClusterProfile) -> Advice:
+def _advice(session: Session, spec: JobSpec, profile: ClusterProfile) -> Advice:
     try:
-        return _timed_advice(spec, profile)
+        return _timed_planner(session)(spec, profile)
     except (NoPlanFits, ClusterTooSmall) as exc:
         raise Refused("resources", str(exc)) from exc
     except BadOverrides as exc:  # e.g. zero.overrides that break the batch identity
         raise Refused("zero.overrides", str(exc)) from exc
 
 
-def _timed_advice(spec: JobSpec, profile: ClusterProfile) -> Advice:
-    with ADVISOR_SECONDS.labels("/v1/jobs").time():
-        return advise_once(spec, profile)
+def _timed_planner(session: Session) -> Planner:
+    """Plans with each cluster's stored calibration, timed."""
+    planned = calibrated_planner(session)
+
+    def timed(spec: JobSpec, profile: ClusterProfile) -> Advice:
+        with ADVISOR_SECONDS.labels("/v1/jobs").time():
+            return planned(spec, profile)
+
+    return timed
 
 
 def _named_profile(profiles: dict[str, ClusterProfile], spec: JobSpec) -> ClusterProfile:

@@ -18,6 +18,7 @@ from uuid import uuid4
 LAUNCH_ATTEMPT = "zeropilot.launch_attempt"
 CANCEL_ATTEMPT = "zeropilot.cancel_attempt"
 RECONCILE = "zeropilot.reconcile"
+LEARN = "zeropilot.learn"  # ended attempts become observations; clusters due are refitted
 ATTEMPT_ENDED = "zeropilot.attempt_ended"  # its processes have ended: look now, not next pass
 DEFAULT_QUEUE = "celery"  # the workers consume Celery's default queue
 

@@ -1,4 +1,5 @@
-"""The Celery application: broker from the settings, delivery options, the reconcile beat."""
+"""The Celery application: broker from the settings, delivery options, the reconcile and
+learning beats."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import sqlalchemy as table_broker
 
 from service.settings import Settings, get_settings
-from service.tasks import RECONCILE
+from service.tasks import LEARN, RECONCILE
 from workers import observe
 
 # The embedded broker (a SQLite table) is polled: every 1 s by kombu's default, which a launch
@@ -37,7 +38,8 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         beat_schedule={
-            "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s}
+            "reconcile": {"task": RECONCILE, "schedule": settings.workers.reconcile_interval_s},
+            "learn": {"task": LEARN, "schedule": settings.workers.learn_interval_s},
         },
     )
     observe.install(settings)

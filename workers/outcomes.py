@@ -38,6 +38,7 @@ from service.core.outcomes import (
 )
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
+from service.db.calibrations import current as current_calibration
 from service.db.jobs import attempts_of
 from service.db.models import Attempt, Job
 from service.db.transitions import move_attempt, move_job, note_attempt
@@ -67,7 +68,9 @@ def run_ended(
     def replanned() -> Replan:
         assert evidence is not None
         tried = [Candidate.model_validate(a.plan) for a in history]
-        return replan(spec, profile, Candidate.model_validate(attempt.plan), evidence, tried)
+        constants = current_calibration(session, job.cluster).constants  # the cluster's own
+        failed = Candidate.model_validate(attempt.plan)
+        return replan(spec, profile, failed, evidence, tried, constants)
 
     facts = Facts(
         ending=Ending(

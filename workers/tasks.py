@@ -8,8 +8,8 @@ from celery import Task
 
 from service.metrics import RECONCILE_LAST_PASS, RECONCILE_SECONDS
 from service.settings import get_settings
-from service.tasks import ATTEMPT_ENDED, CANCEL_ATTEMPT, LAUNCH_ATTEMPT, RECONCILE
-from workers import launch, reconcile
+from service.tasks import ATTEMPT_ENDED, CANCEL_ATTEMPT, LAUNCH_ATTEMPT, LEARN, RECONCILE
+from workers import launch, learning, reconcile
 from workers.backends.base import TemporaryError
 from workers.celery_app import app
 
@@ -38,3 +38,8 @@ def reconcile_all() -> None:
     with RECONCILE_SECONDS.time():
         reconcile.reconcile(get_settings())
     RECONCILE_LAST_PASS.set(time.time())
+
+
+@app.task(name=LEARN)
+def learn() -> None:
+    learning.learn(get_settings())

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from zeropilot.cli_advice import advise_command, lint_command
 from zeropilot.cli_attempts import print_attempts
+from zeropilot.cli_calibration import calibration_app
 from zeropilot.cli_cancel import cancel_command
 from zeropilot.cli_common import (
     JsonOpt,
@@ -38,6 +39,7 @@ users_app = typer.Typer(
 )
 app.add_typer(users_app, name="users")
 app.add_typer(teams_app, name="teams")
+app.add_typer(calibration_app, name="calibration")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
 app.command("cancel")(cancel_command)

@@ -189,6 +189,20 @@ class Client:
     def update_team(self, name: str, **fields: Any) -> dict[str, Any]:
         return self._call("PATCH", f"/v1/teams/{_segment(name)}", json_body=fields)
 
+    def calibration(self, cluster: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/clusters/{_segment(cluster)}/calibration")
+
+    def freeze_calibration(self, cluster: str, frozen: bool) -> dict[str, Any]:
+        path = f"/v1/clusters/{_segment(cluster)}/calibration"
+        return self._call("PATCH", path, json_body={"frozen": frozen})
+
+    def import_calibration(self, cluster: str, exported: dict[str, Any]) -> dict[str, Any]:
+        path = f"/v1/clusters/{_segment(cluster)}/calibration"
+        return self._call("PUT", path, json_body=exported)
+
+    def reset_calibration(self, cluster: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/clusters/{_segment(cluster)}/calibration")
+
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 

@@ -37,6 +37,8 @@ from zeropilot.resume import ResumeMethod
 FAILURE_MARKER = "ZEROPILOT_FAILURE_CLASS="
 # EX_TEMPFAIL of sysexits.h: saved and stopped on request, to be run again; not a failure.
 STOPPED_EXIT_CODE = 75
+# Sent with each step's metrics on a GPU: torch's max_memory_reserved (service.db.learning reads it)
+RESERVED_PEAK_KEY = "memory_reserved_peak_bytes"
 
 # Metrics points waiting for the background sender; past this (an API down for a long while)
 # new ones are dropped, not the training slowed.
@@ -87,7 +89,12 @@ class Reporter:
         **extra: float,
     ) -> None:
         """Report one training step's numbers (call it from rank 0). A NaN or infinite value
-        (a diverged loss) is reported as missing, with a warning, so the step still counts."""
+        (a diverged loss) is reported as missing, with a warning, so the step still counts.
+        On a GPU torch's reserved peak goes with them: an OOM happens against reserved memory,
+        and the advisor learns its memory share from it."""
+        reserved = _reserved_peak()
+        if reserved is not None:
+            extra.setdefault(RESERVED_PEAK_KEY, float(reserved))
         numbers = {"loss": loss, "tokens_per_s": tokens_per_s, **extra}
         odd = sorted(k for k, v in numbers.items() if v is not None and not math.isfinite(v))
         if odd:
@@ -314,6 +321,15 @@ def host_memory() -> dict[str, int]:
     if (cgroup := _cgroup_limit()) is not None:
         numbers["cgroup_limit_bytes"] = cgroup
     return numbers
+
+
+def _reserved_peak() -> int | None:
+    """torch's reserved high-water mark on this rank's GPU (None on CPU ranks)."""
+    torch = sys.modules.get("torch")  # only what the training process has imported already
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_available():
+        return None
+    return int(cuda.max_memory_reserved())
 
 
 def device_memory() -> dict[str, int]:

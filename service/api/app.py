@@ -14,6 +14,7 @@ from service.api.job_progress import ProgressHub, read_from
 from service.api.plain_submit import plain_submit_route
 from service.api.routes import (
     advice,
+    calibration,
     health,
     job_outputs,
     jobs,
@@ -46,7 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(prometheus.router)
     # Before the jobs router: well-formed submits skip FastAPI's per-request work.
     app.router.routes.append(plain_submit_route(jobs.create_job_route()))
-    for module in (jobs, job_outputs, runtime, teams, users):
+    for module in (jobs, job_outputs, runtime, teams, users, calibration):
         app.include_router(module.router, responses=V1_ERRORS)
     configure_logging(settings.log.format, settings.log.level)
     install_transition_metrics()

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
+from service.core.advisor.calibration_time import KNOBS
 from service.core.attempt_kinds import AttemptKind
 from service.core.limits import INT32_MAX, INT64_MAX
 from service.core.roles import Role
@@ -257,3 +258,60 @@ class TeamUpdate(BaseModel):
     # with borrowing on: GPUs past its quota it may borrow; null: no limit, 0: never borrows
     gpu_borrow_limit: int | None = Field(default=None, ge=0, le=INT32_MAX, strict=True)
     checkpoint_roots: list[CheckpointRoot] = Field(default_factory=list, max_length=16)
+
+
+FITTED_CONSTANTS = frozenset(k.name for k in KNOBS)
+
+
+def _known_constant(name: str) -> str:
+    if name not in FITTED_CONSTANTS:
+        raise ValueError(f"not a fitted constant: {name!r}; they are {sorted(FITTED_CONSTANTS)}")
+    return name
+
+
+class ObservationPublic(BaseModel):
+    """One ended attempt as the advisor learnt from it (or why it did not)."""
+
+    attempt_id: str
+    job_id: str
+    predicted_step_seconds: float | None  # the plan's, when it was made
+    step_seconds: float | None  # median of the steady steps; null: not learnt from
+    neighbours: int  # other attempts on its device while it ran (they weigh it down)
+    peak_bytes: int | None
+    peak_kind: str  # resident (CPU ranks), allocated or reserved (GPUs)
+    skipped: str  # why it is not learnt from ("": it is)
+    created_at: datetime
+
+
+class CalibrationPublic(BaseModel):
+    cluster: str
+    observations: int  # how many the stored fit used; 0: the advisor's own constants
+    typical_error: float  # median |predicted / measured - 1| of step time after the fit
+    multipliers: dict[str, float]  # each fitted constant over the advisor's
+    gpu_memory_share: float  # added to the allocator's share of a step's transient bytes
+    cpu_memory_share: float
+    memory_reason: str
+    frozen: bool
+    fitted_at: datetime | None
+    learn_since: datetime | None  # the last reset: observations before it are not learnt from
+    imported_from: str | None  # the cluster these constants came from, until its own runs refit
+    recent: list[ObservationPublic]  # the latest, newest first
+
+
+class CalibrationImport(BaseModel):
+    """Another cluster's calibration as ``GET`` (``zeropilot calibration export``) gave it."""
+
+    model_config = ConfigDict(extra="ignore")  # the rest of an export: recent runs, dates
+    cluster: str = Field(max_length=64)  # where it was learnt
+    observations: int = Field(ge=1, le=INT32_MAX)
+    typical_error: float = Field(ge=0, le=100)
+    multipliers: dict[Annotated[str, AfterValidator(_known_constant)], Annotated[float, Field(
+        ge=0.1, le=10)]] = Field(max_length=16)  # fmt: skip
+    gpu_memory_share: float = Field(ge=-0.05, le=1.0)  # the memory rule's bounds
+    cpu_memory_share: float = Field(ge=-0.05, le=1.0)
+    memory_reason: str = Field(default="", max_length=2000)
+
+
+class CalibrationUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    frozen: bool = Field(strict=True)  # true: keep the constants as they are

@@ -35,6 +35,7 @@ from service.core.advisor.candidates import (
     layout_of,
 )
 from service.core.advisor.choice import Replanning, choose_replanned, plan_identity
+from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.layout import Layout, Workload, model_sized_knobs
 from service.core.advisor.models import Candidate, format_bytes
 from service.core.advisor.workload import (
@@ -123,9 +124,11 @@ def replan(
     failed: Candidate,
     evidence: Evidence,
     tried: list[Candidate],
+    constants: Calibration = CALIBRATION,
 ) -> Decision:
     """The decision after ``failed`` ran out of memory (whether escalation applies at all is
-    ``service.core.outcomes``'s rule)."""
+    ``service.core.outcomes``'s rule). ``constants``: the cluster's calibrated ones, so the
+    fastest next plan is its fastest."""
     if (crowded := _crowded_out(failed, evidence)) is not None:
         return crowded
     work = build_workload(spec, profile)
@@ -136,7 +139,7 @@ def replan(
     )
     replanning = _replanning(failed, evidence, tried, budgets, on_host)
     candidates = [
-        evaluate_layout(replan_spec, work, layout, budgets)
+        evaluate_layout(replan_spec, work, layout, budgets, constants)
         for layout in _layouts(replan_spec, work, failed)
     ]
     chosen = choose_replanned(candidates, replanning)

@@ -1,4 +1,5 @@
-"""SQLModel tables: teams, users, jobs, attempts, job events, metric points, checkpoints.
+"""SQLModel tables: teams, users, jobs, attempts, job events, metric points, checkpoints, and
+what the advisor learns from finished attempts (observations, each cluster's calibration).
 
 Status columns are written only through ``service.db.transitions``; everything else here is plain
 storage. Specs and plans are stored as JSON exactly as validated, so a job can be re-planned or
@@ -237,3 +238,45 @@ class Checkpoint(SQLModel, table=True):
     checked_at: datetime | None = None
     deleted_at: datetime | None = None  # retention deleted it; the row stays, for the history
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class AttemptObservation(SQLModel, table=True):
+    """What the advisor predicted and the attempt measured, once it ended (service.db.learning);
+    ``skipped`` says why an attempt is not learnt from ("": it is)."""
+
+    attempt_id: str = Field(foreign_key="attempt.id", primary_key=True, max_length=16)
+    job_id: str = Field(foreign_key="job.id", max_length=16)
+    cluster: str = Field(index=True, max_length=64)
+    accelerator: str = Field(max_length=64)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))  # the Candidate
+    predicted_step_seconds: float | None = None  # the plan's, when it was made
+    predicted_peak_bytes: int | None = Field(default=None, sa_type=BigInteger)
+    step_seconds: float | None = None  # median of the steady steps; None: not learnt from
+    steady_steps: int = 0
+    peak_bytes: int | None = Field(default=None, sa_type=BigInteger)  # rank 0's, as reported
+    peak_kind: str = Field(default="allocated", max_length=16)
+    neighbours: int = 0  # other attempts on the same device while it ran
+    skipped: str = ""
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+
+
+class ClusterCalibrationRow(SQLModel, table=True):
+    """One cluster's fitted constants (multipliers over the advisor's) and operator control."""
+
+    __tablename__ = "clustercalibration"
+
+    cluster: str = Field(primary_key=True, max_length=64)
+    multipliers: dict[str, float] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False)
+    )
+    gpu_share: float = 0.0  # the memory correction (service.core.advisor.calibration_memory)
+    cpu_share: float = 0.0
+    observations: int = 0  # how many the fit used
+    typical_error: float = 0.0
+    memory_reason: str = ""
+    frozen: bool = False  # an operator froze it: new observations are kept, not fitted
+    fitted_at: datetime | None = None
+    learn_since: datetime | None = None  # a reset forgets the observations before it
+    imported_from: str | None = Field(default=None, max_length=64)  # until its own runs refit
+    updated_at: datetime = Field(default_factory=utcnow)

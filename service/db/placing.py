@@ -24,6 +24,7 @@ from service.core.placement import planned as planned_there
 from service.core.placement import summary as summary_of
 from service.core.spec import JobSpec
 from service.db.admission import refusal, would_wait
+from service.db.calibrations import current as current_calibration
 from service.db.cluster_bounds import caps_of
 from service.db.placement import expected_start_s
 from service.db.users import Caller
@@ -103,10 +104,12 @@ def place(
     *,
     borrowing: bool = False,
     moving: Moving | None = None,
-    plan: Planner = advise_once,
+    plan: Planner | None = None,
 ) -> Placed:
     """Where ``spec`` can go among ``profiles`` and where it goes, for ``caller``'s team (None:
-    were every cluster free, as advice plans it, still within each cluster's cap)."""
+    were every cluster free, as advice plans it, still within each cluster's cap). ``plan``:
+    how a cluster's plan is made; by default with that cluster's calibration."""
+    plan = plan or calibrated_planner(session)
     asking = _Asking(session, spec, caller, borrowing, moving)
     considered = listed(spec, profiles.values())
     kept, left_out = _movable(considered, moving, profiles)
@@ -120,6 +123,15 @@ def place(
     options = [ruled.get(p.name) or _option(asking, p, caps[p.name], plan) for p in considered]
     by = spec.resources.placement
     return Placed(options, choose(options, by), by, caps)
+
+
+def calibrated_planner(session: Session) -> Planner:
+    """Each cluster's plan with that cluster's calibration (as stored, never fitted here)."""
+
+    def planned(spec: JobSpec, profile: ClusterProfile) -> Advice:
+        return advise_once(spec, profile, current_calibration(session, profile.name))
+
+    return planned
 
 
 def _movable(

@@ -21,7 +21,9 @@ from zeropilot.cli import app
 README = (REPO / "README.md").read_text()
 TRY_BLOCK = re.compile(r"### Try the CLI\n.*?```sh\n(.*?)```", re.DOTALL)
 PYTHON_BLOCK = re.compile(r"### From Python\n.*?```python\n(.*?)```", re.DOTALL)
-TABLE_ROW = re.compile(r"^\| `zeropilot ((?:teams|users) [a-z]+|[a-z]+)(.*?)` \|", re.MULTILINE)
+TABLE_ROW = re.compile(
+    r"^\| `zeropilot ((?:teams|users|calibration) [a-z]+|[a-z]+)(.*?)` \|", re.MULTILINE
+)
 OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
 
 

@@ -178,3 +178,32 @@ def test_0015_reads_each_stored_jobs_time_limit_and_leaves_it_unpredicted(
     with engine.connect() as connection:
         columns = {c["name"] for c in sa.inspect(connection).get_columns("job")}
     assert "time_limit_s" not in columns and "predicted_start_at" not in columns
+
+
+def test_0016_adds_observations_and_calibrations_and_takes_them_away_again(
+    empty_database: str,
+) -> None:
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0015")
+    engine = get_engine(empty_database)
+
+    command.upgrade(config, "0016")
+
+    with engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO clustercalibration (cluster, multipliers, gpu_share, cpu_share, "
+            "observations, typical_error, memory_reason, frozen, updated_at) VALUES ('local', "
+            "'{\"mfu_max\": 0.5}', 0, 0.1, 5, 0.04, '', true, CURRENT_TIMESTAMP)"
+        ))  # fmt: skip
+    with engine.connect() as connection:
+        stored = connection.execute(
+            sa.text("SELECT cluster, observations, frozen FROM clustercalibration")
+        ).all()
+        assert [tuple(row) for row in stored] == [("local", 5, True)]
+        assert connection.execute(sa.text("SELECT count(*) FROM attemptobservation")).scalar() == 0
+
+    command.downgrade(config, "0015")
+
+    assert not {"attemptobservation", "clustercalibration"} & set(
+        sa.inspect(engine).get_table_names()
+    )

@@ -20,11 +20,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from sqlmodel import Session
 
 from service.core.advisor import BadOverrides, Candidate, ClusterTooSmall, NoPlanFits, advise
+from service.core.advisor.calibration import ClusterCalibration
 from service.core.advisor.lint import Finding, has_errors, lint_ds_config
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.limits import plain_document
 from service.core.placement import AUTO
 from service.core.spec import JobSpec
+from service.db.calibrations import current as current_calibration
 from service.db.placing import place
 from service.db.session import get_engine
 from service.metrics import ADVISOR_SECONDS
@@ -93,9 +95,10 @@ def advise_job(
     if spec.resources.cluster == AUTO:
         return _placed_advice(spec, profiles, chosen, request.app.state.settings)
     profile = profile_for(spec, profiles)
+    calibration = _calibration_of(request, profile.name)
     try:
         with ADVISOR_SECONDS.labels("/v1/advice").time():
-            advice = advise(spec, profile, chosen)
+            advice = advise(spec, profile, chosen, calibration=calibration)
     except NoPlanFits as exc:
         raise _no_plan(exc) from exc
     except BadOverrides as exc:
@@ -126,7 +129,8 @@ def _placed_advice(
     free (a submit also weighs where it would start now), the others in the reason."""
     engine = get_engine(settings.database_url)
     with Session(engine) as session, ADVISOR_SECONDS.labels("/v1/advice").time():
-        placed = place(session, spec, profiles, None, plan=lambda s, p: advise(s, p, policy))
+        placed = place(session, spec, profiles, None, plan=lambda s, p: advise(
+            s, p, policy, calibration=current_calibration(session, p.name)))  # fmt: skip
     best = placed.chosen
     if best is None or best.advice is None:
         why = placed.ruled_out() or "none configured"
@@ -180,3 +184,13 @@ def _no_plan(exc: NoPlanFits) -> HTTPException:
     return unprocessable(
         ["body", "resources"], str(exc), closest=closest, over_by_bytes=exc.over_by_bytes
     )
+
+
+def _calibration_of(request: Request, cluster: str) -> ClusterCalibration | None:
+    """The cluster's stored calibration (kept a few seconds per process: most reads no query);
+    None where the app has no database (the router mounted alone plans with today's)."""
+    settings: Settings | None = getattr(request.app.state, "settings", None)
+    if settings is None:
+        return None
+    with Session(get_engine(settings.database_url)) as session:
+        return current_calibration(session, cluster)

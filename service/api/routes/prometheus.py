@@ -8,6 +8,8 @@ reports the same. No bearer token, as scrapers expect; it carries counts and tea
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -22,7 +24,7 @@ from service.api.deps import SettingsDep
 from service.core.sharing import sharing
 from service.core.states import JobStatus
 from service.db.admission import held
-from service.db.models import Job, Team
+from service.db.models import AttemptObservation, ClusterCalibrationRow, Job, Team
 from service.db.session import get_engine
 from service.metrics import process_registry
 
@@ -47,6 +49,7 @@ class DatabaseCollector:
         with Session(get_engine(self.database_url)) as session:
             yield _jobs_by_status(session)
             yield from _team_gauges(session)
+            yield from _advisor_gauges(session)
 
 
 def _jobs_by_status(session: Session) -> Metric:
@@ -115,3 +118,46 @@ def _age_s(now: datetime, since: datetime | None) -> float:
     if since.tzinfo is None:  # SQLite returns naive UTC
         since = since.replace(tzinfo=UTC)
     return max(0.0, (now - since).total_seconds())
+
+
+RECENT_OBSERVATIONS = 20  # per cluster: the running prediction error follows the latest runs
+
+
+def _advisor_gauges(session: Session) -> Iterator[Metric]:
+    """Each cluster's calibration and how far the plans' step times were from the runs."""
+    runs = GaugeMetricFamily("zeropilot_advisor_calibration_runs",
+                             "Runs the cluster's stored calibration was fitted on.",
+                             labels=["cluster"])  # fmt: skip
+    fitted = GaugeMetricFamily("zeropilot_advisor_step_time_fit_error",
+                               "Median |predicted / measured - 1| of step time after the fit.",
+                               labels=["cluster"])  # fmt: skip
+    for row in session.exec(select(ClusterCalibrationRow)).all():
+        runs.add_metric([row.cluster], row.observations)
+        fitted.add_metric([row.cluster], row.typical_error)
+    yield runs
+    yield fitted
+    yield _prediction_error(session)
+
+
+def _prediction_error(session: Session) -> Metric:
+    family = GaugeMetricFamily(
+        "zeropilot_advisor_step_time_prediction_error",
+        "Median |predicted / measured - 1| of step time over the cluster's latest runs, as the"
+        " plans predicted them when submitted.",
+        labels=["cluster"],
+    )
+    query = (
+        select(AttemptObservation.cluster, AttemptObservation.predicted_step_seconds,
+               AttemptObservation.step_seconds)
+        .where(col(AttemptObservation.step_seconds).is_not(None),
+               col(AttemptObservation.predicted_step_seconds).is_not(None))
+        .order_by(col(AttemptObservation.created_at).desc())
+        .limit(50 * RECENT_OBSERVATIONS)
+    )  # fmt: skip
+    errors: dict[str, list[float]] = defaultdict(list)
+    for cluster, predicted, measured in session.exec(query).all():
+        if predicted and measured and len(errors[cluster]) < RECENT_OBSERVATIONS:
+            errors[cluster].append(abs(predicted / measured - 1))
+    for cluster, found in sorted(errors.items()):
+        family.add_metric([cluster], statistics.median(found))
+    return family

@@ -8,9 +8,10 @@ closest candidate and how far over budget it is.
 
 from __future__ import annotations
 
+from service.core.advisor.calibration import ClusterCalibration
 from service.core.advisor.candidates import Budgets, enumerate_layouts, evaluate_layout
 from service.core.advisor.choice import capacity_key, choose, explain
-from service.core.advisor.constants import DEFAULT_HEADROOM
+from service.core.advisor.constants import CALIBRATION, DEFAULT_HEADROOM, Calibration
 from service.core.advisor.layout import Workload
 from service.core.advisor.models import Advice, Candidate, NoPlanFits, Policy, format_bytes
 from service.core.advisor.workload import budget_bytes, build_workload, host_budget_bytes
@@ -26,8 +27,24 @@ def advise(
     policy: Policy = "throughput",
     *,
     headroom: float | None = DEFAULT_HEADROOM,
+    calibration: ClusterCalibration | None = None,
 ) -> Advice:
-    """Predict memory for every candidate configuration and pick the plan under ``policy``."""
+    """Predict memory for every candidate configuration and pick the plan under ``policy``,
+    with the cluster's ``calibration`` when given (and the reason then says how calibrated)."""
+    advice = _advise(spec, profile, policy, headroom, calibration)
+    if calibration is None:
+        return advice
+    reason = f"{advice.reason} {calibration.explain(advice.plan.step_seconds)}"
+    return advice.model_copy(update={"reason": reason})
+
+
+def _advise(
+    spec: JobSpec,
+    profile: ClusterProfile,
+    policy: Policy,
+    headroom: float | None,
+    calibration: ClusterCalibration | None,
+) -> Advice:
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
     if headroom is not None and not 0.0 <= headroom < 1.0:
@@ -38,7 +55,8 @@ def advise(
         host_budget_bytes(profile, headroom),
         budget_bytes(profile, headroom, offload=True),
     )
-    candidates = evaluate_all(spec, work, budgets)
+    constants = calibration.constants if calibration is not None else CALIBRATION
+    candidates = evaluate_all(spec, work, budgets, constants)
     if not candidates:
         raise ValueError(
             "the pinned zero.stage and zero.offload leave no configuration to consider"
@@ -53,12 +71,17 @@ def advise(
             warnings=warnings,
             reason=explain(plan, candidates, policy, budgets.per_gpu),
         )
-    return _advice_for_pins_that_do_not_fit(spec, work, budgets, candidates, warnings, policy)
+    return _advice_for_pins_that_do_not_fit(
+        spec, work, budgets, candidates, warnings, policy, constants
+    )
 
 
-def evaluate_all(spec: JobSpec, work: Workload, budgets: Budgets) -> list[Candidate]:
+def evaluate_all(
+    spec: JobSpec, work: Workload, budgets: Budgets, constants: Calibration = CALIBRATION
+) -> list[Candidate]:
     return [
-        evaluate_layout(spec, work, layout, budgets) for layout in enumerate_layouts(spec, work)
+        evaluate_layout(spec, work, layout, budgets, constants)
+        for layout in enumerate_layouts(spec, work)
     ]
 
 
@@ -69,9 +92,14 @@ def _advice_for_pins_that_do_not_fit(
     candidates: list[Candidate],
     warnings: list[str],
     policy: Policy,
+    constants: Calibration,
 ) -> Advice:
     unpinned_spec = without_pins(spec)
-    unpinned = evaluate_all(unpinned_spec, work, budgets) if unpinned_spec != spec else candidates
+    unpinned = (
+        evaluate_all(unpinned_spec, work, budgets, constants)
+        if unpinned_spec != spec
+        else candidates
+    )
     alternatives = [c for c in unpinned if c.fits]
     if not alternatives:
         raise no_plan_fits(unpinned, budgets)

@@ -12,6 +12,7 @@ service stores observations and decides when to refit (never inside a request).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from service.core.advisor.calibration_memory import (
     correct_memory,
     with_share,
 )
-from service.core.advisor.calibration_time import Move, fit_speeds
+from service.core.advisor.calibration_time import KNOBS, Move, fit_speeds, fitted_speeds
 from service.core.advisor.constants import CALIBRATION, Calibration
 from service.core.advisor.layout import Layout, Workload
 
@@ -66,11 +67,36 @@ class ClusterCalibration:
     memory: MemoryCorrection = field(default_factory=MemoryCorrection)
     observations: int = 0
     typical_error: float = 0.0  # median |predicted / measured - 1| of step time after the fit
+    source: str = ""  # the cluster whose runs these are, when imported ("": this one's)
 
     def moves_of(self, constant: str) -> list[Move]:
         """The observations that moved one constant, the strongest pull first."""
         found = [m for m in self.moves if m.constant == constant]
         return sorted(found, key=lambda m: -abs(m.log_shift))
+
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What predictions depend on: equal signatures plan alike (the advice memo's key)."""
+        return (
+            tuple(sorted(self.multipliers.items())),
+            self.memory.gpu_share,
+            self.memory.cpu_share,
+            self.observations,
+            self.typical_error,
+            self.source,
+        )
+
+    def explain(self, step_seconds: float | None) -> str:
+        """The reason's sentence on where the plan's step time comes from."""
+        step = f"step {step_seconds * 1000:.0f} ms predicted" if step_seconds else "step time"
+        if not self.observations:
+            return f"{step.capitalize()} from the advisor's constants (not calibrated here yet)."
+        runs = "run" if self.observations == 1 else "runs"
+        where = f"cluster {self.source} (imported)" if self.source else "this cluster"
+        return (
+            f"{step.capitalize()}, calibrated on {self.observations} {runs} of {where}, "
+            f"typical error {self.typical_error:.0%}."
+        )
 
 
 def steady_step_seconds(step_seconds: Sequence[float]) -> float | None:
@@ -97,4 +123,26 @@ def fit(
         memory=memory,
         observations=len(observations),
         typical_error=speeds.typical_error,
+    )
+
+
+def restored(
+    multipliers: Mapping[str, float],
+    memory: MemoryCorrection,
+    observations: int,
+    typical_error: float,
+    prior: Calibration = CALIBRATION,
+    source: str = "",
+) -> ClusterCalibration:
+    """A stored calibration made whole again: the multipliers over ``prior`` and the shares."""
+    theta = [math.log(multipliers.get(k.name, 1.0)) for k in KNOBS]
+    constants = replace(prior, speeds=fitted_speeds(prior.speeds, theta))
+    constants = with_share(with_share(constants, False, memory.gpu_share), True, memory.cpu_share)
+    return ClusterCalibration(
+        constants=constants,
+        multipliers=dict(multipliers),
+        memory=memory,
+        observations=observations,
+        typical_error=typical_error,
+        source=source,
     )
