@@ -110,6 +110,26 @@ class CheckpointPublic(Public):
     created_at: datetime
 
 
+class GoodputPublic(BaseModel):
+    """GPU-seconds held (from processes running to their end, times the GPUs) and where they
+    went; docs/goodput.md defines each cause."""
+
+    gpu_seconds: float
+    productive_gpu_seconds: float  # work kept: resumed from, or the final result
+    goodput: float | None  # productive / held; None before any GPU time
+    lost_gpu_seconds: dict[str, float]  # by cause: startup, checkpointing, redone, hang, ...
+
+
+class AttemptGoodputPublic(GoodputPublic):
+    number: int
+
+
+class JobGoodputPublic(GoodputPublic):
+    mfu: float | None  # model FLOPs/s at the measured pace over the GPUs' peak
+    tokens_per_s: float | None  # that pace: the median of the latest reported points
+    attempts: list[AttemptGoodputPublic]
+
+
 class JobDetail(JobPublic):
     spec: dict[str, Any]
     plan: dict[str, Any]
@@ -119,6 +139,7 @@ class JobDetail(JobPublic):
     metrics: list[MetricPublic]
     checkpoints: list[CheckpointPublic]
     checkpoint_bytes: int = 0  # of the checkpoints retention keeps, as last measured
+    goodput: JobGoodputPublic | None = None
 
 
 class ProgressPublic(BaseModel):

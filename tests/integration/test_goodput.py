@@ -1,0 +1,158 @@
+"""Goodput from a known timeline written through the real database: a failure whose steps past
+its checkpoint are redone, a stop that saves, and the run that finishes; every bucket checked
+to the second in the job's detail (2 GPUs, one step a second)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from service.core.attempt_kinds import AttemptKind
+from service.core.states import AttemptStatus
+from service.db import jobs as job_store
+from service.db.attempts import next_attempt
+from service.db.models import Attempt, Checkpoint, Job, utcnow
+from service.db.session import get_engine
+from service.db.transitions import move_attempt
+from service.settings import Settings
+from tests.integration.helpers import auth, tiny_spec
+
+TOKENS_PER_STEP = 8 * 32  # tiny_spec's global batch x sequence length: 256 tokens/s is 1 s/step
+
+
+class Timeline:
+    """Rows of one job written with chosen times: seconds after ``t0``."""
+
+    def __init__(self, session: Session, job: Job, t0: datetime) -> None:
+        self.session, self.job, self.t0 = session, job, t0
+
+    def at(self, seconds: float) -> datetime:
+        return self.t0 + timedelta(seconds=seconds)
+
+    def run(self, attempt: Attempt, started: float) -> None:
+        move_attempt(self.session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, "")
+        running = AttemptStatus.RUNNING
+        move_attempt(
+            self.session, attempt, AttemptStatus.LAUNCHING, running, "", started_at=self.at(started)
+        )
+
+    def step(self, attempt: Attempt, step: int, reported: float) -> None:
+        point = job_store.record_metric(
+            self.session, attempt, {"step": step, "tokens_per_s": TOKENS_PER_STEP, "extra": {}}
+        )
+        point.created_at = self.at(reported)
+        self.session.add(point)
+
+    def save(self, attempt: Attempt, step: int, written: float, seconds: float) -> Checkpoint:
+        path = f"/data/jobs/{self.job.id}/checkpoints/global_step{step}"
+        row = job_store.record_checkpoint(self.session, attempt, step, path, None, seconds)
+        row.created_at, row.complete = self.at(written), True
+        self.session.add(row)
+        return row
+
+    def end(self, attempt: Attempt, status: AttemptStatus, at: float, **fields: Any) -> None:
+        move_attempt(
+            self.session, attempt, AttemptStatus.RUNNING, status, "", finished_at=self.at(at),
+            **fields,
+        )  # fmt: skip
+
+    def then(self, ended: Attempt, kind: AttemptKind, resume: Checkpoint) -> Attempt:
+        made = next_attempt(
+            self.session, self.job_data_dir, self.job, ended, kind, rung=kind.value,
+            backend="local", checkpoint=resume,
+        )  # fmt: skip
+        return made.attempt
+
+    job_data_dir = None  # set by the test: next_attempt reads it only to choose a checkpoint
+
+
+def write_known_timeline(settings: Settings, job_id: str) -> None:
+    with Session(get_engine(settings.database_url)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        rows = Timeline(session, job, utcnow() - timedelta(hours=1))
+        rows.job_data_dir = settings.data_dir  # type: ignore[assignment]
+        first = job_store.current_attempt(session, job)
+        assert first is not None
+        # Attempt 1: 30 s to start; steps 1-10, a 2 s save of step 10; steps to 15; an NCCL
+        # timeout ends it at 50 s. Steps 11-15 are redone.
+        rows.run(first, started=0)
+        rows.step(first, 1, reported=31)
+        rows.step(first, 10, reported=40)
+        ten = rows.save(first, 10, written=42, seconds=2)
+        rows.step(first, 15, reported=47)
+        rows.end(first, AttemptStatus.FAILED, at=50, failure_class="NCCL_TIMEOUT")
+        # Attempt 2 waits 50 s to be placed (no GPU time), starts in 19 s, saves step 20 in
+        # 3 s, is stopped during step 21, saves it in 4 s and exits at 140 s.
+        second = rows.then(first, AttemptKind.DISRUPTION, ten)
+        rows.run(second, started=100)
+        rows.step(second, 11, reported=120)
+        rows.step(second, 20, reported=129)
+        rows.save(second, 20, written=132, seconds=3)
+        rows.step(second, 21, reported=133)
+        stop = rows.save(second, 21, written=137, seconds=4)
+        rows.end(second, AttemptStatus.PREEMPTED, at=140, runtime_failure_tag="PREEMPTED")
+        # Attempt 3 resumes from the stop's save: 9 s to start, steps 22-30, a 1 s final save,
+        # exits 2 s later.
+        third = rows.then(second, AttemptKind.STOP, stop)
+        rows.run(third, started=200)
+        rows.step(third, 22, reported=210)
+        rows.step(third, 30, reported=218)
+        rows.save(third, 30, written=219, seconds=1)
+        rows.end(third, AttemptStatus.SUCCEEDED, at=221)
+        session.commit()
+
+
+@pytest.fixture(scope="module")
+def timeline_job(
+    shared_client: TestClient, shared_tokens: dict[str, str], shared_settings: Settings
+) -> dict[str, Any]:
+    created = shared_client.post(
+        "/v1/jobs", json=tiny_spec("goodput"), headers=auth(shared_tokens["alice"])
+    )
+    assert created.status_code == 201, created.text
+    write_known_timeline(shared_settings, created.json()["id"])
+    shown = shared_client.get(
+        f"/v1/jobs/{created.json()['id']}", headers=auth(shared_tokens["alice"])
+    )
+    assert shown.status_code == 200, shown.text
+    job: dict[str, Any] = shown.json()
+    return job
+
+
+def test_every_bucket_of_a_failure_a_redo_and_a_stop(timeline_job: dict[str, Any]) -> None:
+    goodput = timeline_job["goodput"]
+    by_attempt = {a["number"]: a for a in goodput["attempts"]}
+    # GPU-seconds are wall seconds x 2 GPUs.
+    assert by_attempt[1]["gpu_seconds"] == 2 * 50
+    assert by_attempt[1]["productive_gpu_seconds"] == 2 * 10  # steps 1-10
+    assert by_attempt[1]["lost_gpu_seconds"] == {
+        "startup": 2 * 30, "checkpointing": 2 * 2, "redone": 2 * 5, "hang": 0,
+        "stop_save": 0, "ending": 2 * 3,
+    }  # fmt: skip
+    assert by_attempt[2]["gpu_seconds"] == 2 * 40  # the 50 s it waited to be placed: none
+    assert by_attempt[2]["productive_gpu_seconds"] == 2 * 11  # steps 11-21
+    assert by_attempt[2]["lost_gpu_seconds"] == {
+        "startup": 2 * 19, "checkpointing": 2 * 3, "redone": 0, "hang": 0,
+        "stop_save": 2 * 7, "ending": 0,
+    }  # fmt: skip
+    assert by_attempt[3]["productive_gpu_seconds"] == 2 * 9  # steps 22-30
+    assert by_attempt[3]["lost_gpu_seconds"]["startup"] == 2 * 9
+    assert by_attempt[3]["lost_gpu_seconds"]["ending"] == 2 * 2
+    assert goodput["gpu_seconds"] == 2 * 111
+    assert goodput["productive_gpu_seconds"] == 2 * 30  # every one of the 30 steps, once
+    assert goodput["goodput"] == pytest.approx(30 / 111)
+
+
+def test_mfu_from_the_measured_pace_and_the_peak(timeline_job: dict[str, Any]) -> None:
+    goodput = timeline_job["goodput"]
+    assert goodput["tokens_per_s"] == TOKENS_PER_STEP
+    # tiny_spec on the local profile (CPU ranks, 1 TFLOP/s each): 3 x forward FLOPs per token.
+    hidden, layers, vocab, seq = 64, 2, 128, 32
+    block = 12 * hidden * hidden + 13 * hidden  # attention and a 4x MLP, with biases and norms
+    forward = 2 * layers * block + 2 * layers * seq * hidden * 1.0 + 2 * vocab * hidden
+    assert goodput["mfu"] == pytest.approx(TOKENS_PER_STEP * 3 * forward / (2 * 1e12), rel=0.05)
