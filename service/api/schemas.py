@@ -130,6 +130,22 @@ class JobGoodputPublic(GoodputPublic):
     attempts: list[AttemptGoodputPublic]
 
 
+class TeamReport(BaseModel):
+    """The showback of a team's GPU time in [since, until]: used, kept, lost by cause, cost."""
+
+    team: str
+    since: datetime
+    until: datetime
+    jobs: int  # jobs that held GPUs in the window
+    gpu_hours: float
+    productive_gpu_hours: float
+    goodput: float | None
+    lost_gpu_hours: dict[str, float]  # by cause (docs/goodput.md)
+    cost_usd: float | None  # GPU-hours on priced clusters x usd_per_gpu_hour; None: none priced
+    lost_cost_usd: float | None  # of that, the lost hours'
+    unpriced_gpu_hours: float  # on clusters whose profile sets no price
+
+
 class JobDetail(JobPublic):
     spec: dict[str, Any]
     plan: dict[str, Any]

@@ -114,3 +114,15 @@ def measured_pace(session: Session, job_id: str, points: int = PACE_POINTS) -> f
     rates: Sequence[float | None] = session.exec(query).all()
     found = [rate for rate in rates if rate]
     return statistics.median(found) if found else None
+
+
+def jobs_in_window(
+    session: Session, team_id: int, since: datetime, until: datetime
+) -> Sequence[Job]:
+    """The team's jobs that may have held GPUs in [since, until]."""
+    query = select(Job).where(
+        Job.team_id == team_id,
+        col(Job.created_at) <= until,
+        col(Job.finished_at).is_(None) | (col(Job.finished_at) >= since),
+    )
+    return session.exec(query.order_by(col(Job.created_at))).all()

@@ -9,17 +9,22 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, select
+from typer.testing import CliRunner
 
+from service.api.team_report import team_report
 from service.core.attempt_kinds import AttemptKind
+from service.core.clusters import LOCAL_PROFILE
 from service.core.states import AttemptStatus
 from service.db import jobs as job_store
 from service.db.attempts import next_attempt
-from service.db.models import Attempt, Checkpoint, Job, utcnow
+from service.db.models import Attempt, Checkpoint, Job, Team, utcnow
 from service.db.session import get_engine
 from service.db.transitions import move_attempt
 from service.settings import Settings
 from tests.integration.helpers import auth, tiny_spec
+from tests.unit.scripted_api import ScriptedApi
+from zeropilot.cli import app
 
 TOKENS_PER_STEP = 8 * 32  # tiny_spec's global batch x sequence length: 256 tokens/s is 1 s/step
 
@@ -70,11 +75,13 @@ class Timeline:
     job_data_dir = None  # set by the test: next_attempt reads it only to choose a checkpoint
 
 
-def write_known_timeline(settings: Settings, job_id: str) -> None:
+def write_known_timeline(settings: Settings, job_id: str) -> datetime:
+    """Write the timeline, starting an hour ago; its start."""
     with Session(get_engine(settings.database_url)) as session:
         job = session.get(Job, job_id)
         assert job is not None
-        rows = Timeline(session, job, utcnow() - timedelta(hours=1))
+        t0 = utcnow() - timedelta(hours=1)
+        rows = Timeline(session, job, t0)
         rows.job_data_dir = settings.data_dir  # type: ignore[assignment]
         first = job_store.current_attempt(session, job)
         assert first is not None
@@ -105,6 +112,7 @@ def write_known_timeline(settings: Settings, job_id: str) -> None:
         rows.save(third, 30, written=219, seconds=1)
         rows.end(third, AttemptStatus.SUCCEEDED, at=221)
         session.commit()
+    return t0
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +123,13 @@ def timeline_job(
         "/v1/jobs", json=tiny_spec("goodput"), headers=auth(shared_tokens["alice"])
     )
     assert created.status_code == 201, created.text
-    write_known_timeline(shared_settings, created.json()["id"])
+    t0 = write_known_timeline(shared_settings, created.json()["id"])
     shown = shared_client.get(
         f"/v1/jobs/{created.json()['id']}", headers=auth(shared_tokens["alice"])
     )
     assert shown.status_code == 200, shown.text
     job: dict[str, Any] = shown.json()
-    return job
+    return {**job, "t0": t0}
 
 
 def test_every_bucket_of_a_failure_a_redo_and_a_stop(timeline_job: dict[str, Any]) -> None:
@@ -156,3 +164,66 @@ def test_mfu_from_the_measured_pace_and_the_peak(timeline_job: dict[str, Any]) -
     block = 12 * hidden * hidden + 13 * hidden  # attention and a 4x MLP, with biases and norms
     forward = 2 * layers * block + 2 * layers * seq * hidden * 1.0 + 2 * vocab * hidden
     assert goodput["mfu"] == pytest.approx(TOKENS_PER_STEP * 3 * forward / (2 * 1e12), rel=0.05)
+
+
+def test_the_team_report_counts_the_window(
+    timeline_job: dict[str, Any], shared_client: TestClient, shared_tokens: dict[str, str]
+) -> None:
+    alice = auth(shared_tokens["alice"])
+    whole = shared_client.get("/v1/teams/vision/report?since=7d", headers=alice).json()
+    assert whole["jobs"] == 1
+    assert whole["gpu_hours"] == pytest.approx(2 * 111 / 3600)
+    assert whole["productive_gpu_hours"] == pytest.approx(2 * 30 / 3600)
+    assert whole["lost_gpu_hours"]["redone"] == pytest.approx(2 * 5 / 3600)
+    assert whole["cost_usd"] is None and whole["unpriced_gpu_hours"] == whole["gpu_hours"]
+    # From 45 s on: attempt 1's last 5 s (2 redone, 3 ending), attempts 2 and 3 whole.
+    since = (timeline_job["t0"] + timedelta(seconds=45)).isoformat()
+    cut = shared_client.get("/v1/teams/vision/report", params={"since": since}, headers=alice)
+    assert cut.json()["gpu_hours"] == pytest.approx(2 * (5 + 40 + 21) / 3600)
+    assert cut.json()["lost_gpu_hours"]["redone"] == pytest.approx(2 * 2 / 3600)
+
+
+def test_the_report_prices_the_hours_and_guards_other_teams(
+    timeline_job: dict[str, Any],
+    shared_client: TestClient,
+    shared_tokens: dict[str, str],
+    shared_settings: Settings,
+) -> None:
+    priced = {"local": LOCAL_PROFILE.model_copy(update={"usd_per_gpu_hour": 3.6})}
+    with Session(get_engine(shared_settings.database_url)) as session:
+        team = session.exec(select(Team).where(Team.name == "vision")).one()
+        shown = team_report(session, team, timeline_job["t0"], utcnow(), priced)
+    assert shown.cost_usd == pytest.approx(3.6 * 2 * 111 / 3600)  # $0.001 a GPU-second
+    assert shown.lost_cost_usd == pytest.approx(3.6 * 2 * 81 / 3600)
+    bob = auth(shared_tokens["bob"])
+    assert shared_client.get("/v1/teams/vision/report", headers=bob).status_code == 403
+    odd = shared_client.get("/v1/teams/speech/report?since=a+week", headers=bob)
+    assert odd.status_code == 422 and "7d, 12h, 30m" in odd.json()["detail"]
+
+
+def test_status_and_report_print_them(
+    timeline_job: dict[str, Any],
+    shared_client: TestClient,
+    shared_tokens: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI, given the API's real answers (served as recorded), prints every number."""
+    job = {k: v for k, v in timeline_job.items() if k != "t0"}
+    report = shared_client.get("/v1/teams/vision/report", headers=auth(shared_tokens["alice"]))
+    api = ScriptedApi([(200, {}, job), (200, {}, report.json())])
+    try:
+        monkeypatch.setenv("ZEROPILOT_URL", api.url)
+        monkeypatch.setenv("ZEROPILOT_TOKEN", "zp_t")
+        status = CliRunner().invoke(app, ["status", job["id"]], terminal_width=200)
+        shown = CliRunner().invoke(app, ["report", "--team", "vision"], terminal_width=200)
+    finally:
+        api.server.shutdown()
+    assert (
+        "GPU time: 0.062 GPU-h held, 27.0% productive; lost: startup 52.3%, saves 5.4%, "
+        "redone 4.5%, saving at a stop 6.3%, ending 4.5%" in status.output
+    ), status.output
+    assert "attempt 2: 80 GPU-s, 22 productive; lost: startup 47.5%" in status.output
+    assert "MFU: " in status.output
+    assert (
+        "1 jobs, 0.062 GPU-hours" in shown.output and "lost to redone: 0.003 GPU-h" in shown.output
+    )
