@@ -9,18 +9,19 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
 from service.api.team_report import team_report
 from service.core.attempt_kinds import AttemptKind
 from service.core.clusters import LOCAL_PROFILE
-from service.core.states import AttemptStatus
+from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
 from service.db.attempts import next_attempt
 from service.db.models import Attempt, Checkpoint, Job, Team, utcnow
 from service.db.session import get_engine
-from service.db.transitions import move_attempt
+from service.db.transitions import move_attempt, move_job
 from service.settings import Settings
 from tests.integration.helpers import auth, tiny_spec
 from tests.unit.scripted_api import ScriptedApi
@@ -111,6 +112,12 @@ def write_known_timeline(settings: Settings, job_id: str) -> datetime:
         rows.step(third, 30, reported=218)
         rows.save(third, 30, written=219, seconds=1)
         rows.end(third, AttemptStatus.SUCCEEDED, at=221)
+        for old, new in [
+            ("QUEUED", "LAUNCHING"),
+            ("LAUNCHING", "RUNNING"),
+            ("RUNNING", "SUCCEEDED"),
+        ]:
+            move_job(session, job, JobStatus(old), JobStatus(new), "")
         session.commit()
     return t0
 
@@ -123,13 +130,24 @@ def timeline_job(
         "/v1/jobs", json=tiny_spec("goodput"), headers=auth(shared_tokens["alice"])
     )
     assert created.status_code == 201, created.text
+    before = productive_exported(shared_client)
     t0 = write_known_timeline(shared_settings, created.json()["id"])
     shown = shared_client.get(
         f"/v1/jobs/{created.json()['id']}", headers=auth(shared_tokens["alice"])
     )
     assert shown.status_code == 200, shown.text
     job: dict[str, Any] = shown.json()
-    return {**job, "t0": t0}
+    return {**job, "t0": t0, "exported_before": before}
+
+
+def productive_exported(client: TestClient) -> float:
+    """/metrics' productive GPU-seconds of team vision's ended jobs on the local cluster."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            wanted = {"cluster": "local", "team": "vision", "cause": "productive"}
+            if sample.name == "zeropilot_gpu_seconds_total" and sample.labels == wanted:
+                return float(sample.value)
+    return 0.0
 
 
 def test_every_bucket_of_a_failure_a_redo_and_a_stop(timeline_job: dict[str, Any]) -> None:
@@ -154,6 +172,13 @@ def test_every_bucket_of_a_failure_a_redo_and_a_stop(timeline_job: dict[str, Any
     assert goodput["gpu_seconds"] == 2 * 111
     assert goodput["productive_gpu_seconds"] == 2 * 30  # every one of the 30 steps, once
     assert goodput["goodput"] == pytest.approx(30 / 111)
+
+
+def test_metrics_export_an_ended_jobs_gpu_seconds_by_cause(
+    timeline_job: dict[str, Any], shared_client: TestClient
+) -> None:
+    added = productive_exported(shared_client) - timeline_job["exported_before"]
+    assert added == pytest.approx(2 * 30)
 
 
 def test_mfu_from_the_measured_pace_and_the_peak(timeline_job: dict[str, Any]) -> None:
@@ -208,7 +233,7 @@ def test_status_and_report_print_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The CLI, given the API's real answers (served as recorded), prints every number."""
-    job = {k: v for k, v in timeline_job.items() if k != "t0"}
+    job = {k: v for k, v in timeline_job.items() if k not in ("t0", "exported_before")}
     report = shared_client.get("/v1/teams/vision/report", headers=auth(shared_tokens["alice"]))
     api = ScriptedApi([(200, {}, job), (200, {}, report.json())])
     try:
