@@ -200,6 +200,13 @@ class MetricReports(RootModel[list[MetricReport]]):
     root: list[MetricReport] = Field(min_length=1, max_length=METRIC_POINTS_PER_REPORT)
 
 
+class MetricsAnswer(BaseModel):
+    """What the runtime learns from a metrics report: the steps between saves it should use
+    now (the job's setting, or with ``auto`` the interval from measurements)."""
+
+    checkpoint_interval_steps: int
+
+
 class CheckpointReport(Report):
     step: int = Field(ge=0, le=INT32_MAX)
     path: Annotated[Text, Field(min_length=1)]

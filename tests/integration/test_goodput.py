@@ -18,62 +18,14 @@ from service.core.attempt_kinds import AttemptKind
 from service.core.clusters import LOCAL_PROFILE
 from service.core.states import AttemptStatus, JobStatus
 from service.db import jobs as job_store
-from service.db.attempts import next_attempt
-from service.db.models import Attempt, Checkpoint, Job, Team, utcnow
+from service.db.models import Job, Team, utcnow
 from service.db.session import get_engine
-from service.db.transitions import move_attempt, move_job
+from service.db.transitions import move_job
 from service.settings import Settings
 from tests.integration.helpers import auth, tiny_spec
+from tests.integration.timeline import TOKENS_PER_STEP, Timeline
 from tests.unit.scripted_api import ScriptedApi
 from zeropilot.cli import app
-
-TOKENS_PER_STEP = 8 * 32  # tiny_spec's global batch x sequence length: 256 tokens/s is 1 s/step
-
-
-class Timeline:
-    """Rows of one job written with chosen times: seconds after ``t0``."""
-
-    def __init__(self, session: Session, job: Job, t0: datetime) -> None:
-        self.session, self.job, self.t0 = session, job, t0
-
-    def at(self, seconds: float) -> datetime:
-        return self.t0 + timedelta(seconds=seconds)
-
-    def run(self, attempt: Attempt, started: float) -> None:
-        move_attempt(self.session, attempt, AttemptStatus.QUEUED, AttemptStatus.LAUNCHING, "")
-        running = AttemptStatus.RUNNING
-        move_attempt(
-            self.session, attempt, AttemptStatus.LAUNCHING, running, "", started_at=self.at(started)
-        )
-
-    def step(self, attempt: Attempt, step: int, reported: float) -> None:
-        point = job_store.record_metric(
-            self.session, attempt, {"step": step, "tokens_per_s": TOKENS_PER_STEP, "extra": {}}
-        )
-        point.created_at = self.at(reported)
-        self.session.add(point)
-
-    def save(self, attempt: Attempt, step: int, written: float, seconds: float) -> Checkpoint:
-        path = f"/data/jobs/{self.job.id}/checkpoints/global_step{step}"
-        row = job_store.record_checkpoint(self.session, attempt, step, path, None, seconds)
-        row.created_at, row.complete = self.at(written), True
-        self.session.add(row)
-        return row
-
-    def end(self, attempt: Attempt, status: AttemptStatus, at: float, **fields: Any) -> None:
-        move_attempt(
-            self.session, attempt, AttemptStatus.RUNNING, status, "", finished_at=self.at(at),
-            **fields,
-        )  # fmt: skip
-
-    def then(self, ended: Attempt, kind: AttemptKind, resume: Checkpoint) -> Attempt:
-        made = next_attempt(
-            self.session, self.job_data_dir, self.job, ended, kind, rung=kind.value,
-            backend="local", checkpoint=resume,
-        )  # fmt: skip
-        return made.attempt
-
-    job_data_dir = None  # set by the test: next_attempt reads it only to choose a checkpoint
 
 
 def write_known_timeline(settings: Settings, job_id: str) -> datetime:
@@ -82,8 +34,7 @@ def write_known_timeline(settings: Settings, job_id: str) -> datetime:
         job = session.get(Job, job_id)
         assert job is not None
         t0 = utcnow() - timedelta(hours=1)
-        rows = Timeline(session, job, t0)
-        rows.job_data_dir = settings.data_dir  # type: ignore[assignment]
+        rows = Timeline(session, job, t0, settings.data_dir)
         first = job_store.current_attempt(session, job)
         assert first is not None
         # Attempt 1: 30 s to start; steps 1-10, a 2 s save of step 10; steps to 15; an NCCL
