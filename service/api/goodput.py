@@ -27,8 +27,11 @@ def tally_fields(counted: Tally) -> dict[str, Any]:
 
 def job_goodput(
     session: Session, job: Job, profiles: Mapping[str, ClusterProfile]
-) -> JobGoodputPublic:
+) -> JobGoodputPublic | None:
+    """None until the job has held GPUs (as the submit answers it)."""
     timeline = job_timeline(session, job)
+    if not timeline.segments:
+        return None
     numbers = sorted({piece.attempt for piece in timeline.segments})
     attempts = [
         AttemptGoodputPublic(

@@ -155,7 +155,7 @@ class JobDetail(JobPublic):
     metrics: list[MetricPublic]
     checkpoints: list[CheckpointPublic]
     checkpoint_bytes: int = 0  # of the checkpoints retention keeps, as last measured
-    goodput: JobGoodputPublic | None = None
+    goodput: JobGoodputPublic | None = None  # None until it has held GPUs
 
 
 class ProgressPublic(BaseModel):
