@@ -95,8 +95,9 @@ def young_cadence(
     interval_s = min(max(ideal_s, MIN_INTERVAL_S), MAX_INTERVAL_S)
     steps = _steps(interval_s, step_s, total_steps)
     reason = (
-        f"every {steps} steps: a save takes {save_s:.0f} s, this cluster loses a {gpus}-GPU job "
-        f"every {_hours(mtbf_h)}{_prior_words(seen)}{_bound_words(ideal_s, interval_s)}"
+        f"every {steps} steps: a save takes {_amount(save_s)} s, this cluster loses a "
+        f"{gpus}-GPU job every {_hours(mtbf_h)}{_prior_words(seen)}"
+        f"{_bound_words(ideal_s, interval_s)}"
     )
     return Cadence(steps, reason)
 
@@ -113,15 +114,20 @@ def _steps(interval_s: float, step_s: float, total_steps: int | None) -> int:
     return min(steps, total_steps) if total_steps else steps
 
 
+def _amount(value: float) -> str:
+    """Two significant figures below 10 (0.31, 2.5), whole numbers above (41, 25,000)."""
+    return f"{value:.2g}" if value < 10 else f"{value:,.0f}"
+
+
 def _hours(hours: float) -> str:
-    return f"{hours:.1f} h" if hours < 10 else f"{hours:,.0f} h"
+    return f"{_amount(hours)} h"
 
 
 def _prior_words(seen: Interruptions) -> str:
     if seen.count:
         return ""
     return (
-        f" (none seen in {seen.gpu_hours:,.0f} GPU-hours: assumed one per "
+        f" (none seen in {_amount(seen.gpu_hours)} GPU-hours: assumed one per "
         f"{PRIOR_GPU_HOURS_PER_INTERRUPTION:,.0f} GPU-hours)"
     )
 
