@@ -1,17 +1,21 @@
-"""A real tiny job with checkpoint.interval_steps: auto, through the running stack: the ranks
-follow zeropilot's interval (rank 0 hears it, all agree each step), the events say why, and
-`zeropilot status`, `zeropilot report` and /metrics show where its GPU time went."""
+"""A real tiny job with checkpoint.interval_steps: auto, drained once, through the running
+stack: the ranks follow zeropilot's interval (rank 0 hears it, all agree each step), the stop
+saves and the next attempt goes on from there, the events say why the interval, and
+`zeropilot status`, `zeropilot report` and /metrics show where the GPU time went."""
 
 from __future__ import annotations
 
-import json
+import os
+import signal
+import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Api, Stack
 from tests.e2e.test_cli import zeropilot
+from tests.e2e.test_graceful_stop import wait_for_steps
 from tests.integration.helpers import tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -26,27 +30,37 @@ def exported_gpu_seconds(url: str) -> dict[str, float]:
     return found
 
 
-def test_an_auto_interval_job_shows_its_gpu_time(stack: Stack, token: str, tmp_path: str) -> None:
-    stack.start_worker("w1")
-    spec = tiny_spec("auto-cadence", steps=30, checkpoint={"interval_steps": "auto"})
-    spec["args"] = ["--steps", "30"]  # no --checkpoint-interval: zeropilot's
-    path = f"{tmp_path}/job.json"
-    with open(path, "w") as out:
-        json.dump(spec, out)
-    submitted = zeropilot(stack, token, "submit", path, "--wait")
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr + stack.logs()
-    job_id = json.loads(zeropilot(stack, token, "list", "--json").stdout)["data"][0]["id"]
+def drain(stack: Stack, attempt: dict[str, str]) -> None:
+    """SIGTERM to the attempt's supervisor, as a node drain sends it."""
+    supervisor = stack.data_dir / "attempts" / attempt["backend_name"] / "supervisor.pid"
+    os.kill(int(supervisor.read_text()), signal.SIGTERM)
 
-    job = json.loads(zeropilot(stack, token, "status", job_id, "--json").stdout)
-    reasons = [e["reason"] for e in job["events"]]
+
+def test_a_drained_auto_interval_job_shows_its_gpu_time(stack: Stack, api: Api, token: str) -> None:
+    stack.start_worker("w1")
+    spec = tiny_spec("auto-cadence", steps=40, checkpoint={"interval_steps": "auto"})
+    spec["args"] = ["--steps", "40"]  # no --checkpoint-interval: zeropilot's
+    job = api.submit(spec)
+    wait_for_steps(api, job["id"], 3, stack)
+    drain(stack, api.job(job["id"])["attempts"][0])
+    deadline = time.monotonic() + 400
+    while (detail := api.job(job["id"]))["status"] != "SUCCEEDED":
+        assert time.monotonic() < deadline and detail["status"] != "FAILED", stack.logs()
+        time.sleep(1.0)
+
+    first, second = detail["attempts"]
+    assert first["status"] == "PREEMPTED" and second["status"] == "SUCCEEDED"
+    reasons = [e["reason"] for e in detail["events"]]
     assert any(r.startswith("checkpoint every ") for r in reasons), reasons
-    assert [c["step"] for c in job["checkpoints"]] == [30]  # 10 min apart: only the final one
-    goodput = job["goodput"]
-    assert goodput["productive_gpu_seconds"] > 0 and goodput["mfu"] > 0
+    goodput = detail["goodput"]
+    by_attempt = {a["number"]: a for a in goodput["attempts"]}
+    assert by_attempt[1]["lost_gpu_seconds"]["stop_save"] > 0  # the drain's save and exit
+    assert by_attempt[1]["productive_gpu_seconds"] > 0  # its steps were resumed from
+    assert goodput["mfu"] > 0
     lost = sum(goodput["lost_gpu_seconds"].values())
     assert goodput["gpu_seconds"] == pytest.approx(goodput["productive_gpu_seconds"] + lost)
 
-    status = zeropilot(stack, token, "status", job_id)
+    status = zeropilot(stack, token, "status", job["id"])
     report = zeropilot(stack, token, "report", "--team", "vision", "--since", "1h")
     print(status.stdout, report.stdout)  # docs/goodput.md shows a run's
     assert "GPU time:" in status.stdout and "MFU:" in status.stdout
