@@ -28,7 +28,7 @@ from zeropilot.cli_common import (
     print_json,
     read_mapping,
 )
-from zeropilot.cli_goodput import print_goodput, report_command
+from zeropilot.cli_goodput import print_cadence, print_goodput, report_command
 from zeropilot.cli_teams import teams_app
 from zeropilot.client import Client, GaveUp
 
@@ -259,6 +259,7 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))
     if job["checkpoints"]:
         print_checkpoints(job)
+    print_cadence(job)
     print_goodput(job)
 
 

@@ -53,6 +53,14 @@ def print_goodput(job: dict[str, Any]) -> None:
         console.print(f"MFU: {100 * goodput['mfu']:.2f}% at {rate:,.0f} tokens/s", highlight=False)
 
 
+def print_cadence(job: dict[str, Any]) -> None:
+    """The interval the current attempt saves at, and why (service.db.cadence keeps it)."""
+    current = [a for a in job["attempts"] if a["number"] == job["current_attempt"]]
+    evidence = current[0].get("runtime_evidence") or {} if current else {}
+    if chosen := evidence.get("checkpoint_interval"):
+        console.print(f"checkpoints {chosen['reason']}", highlight=False, markup=False)
+
+
 def report_command(
     team: Annotated[str, typer.Option(help="The team (yours; any for admins).")],
     since: Annotated[str, typer.Option(help="7d, 12h, 30m back, or an ISO 8601 time.")] = "7d",

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
+from typer.testing import CliRunner
 
 from service.core.attempt_kinds import AttemptKind
 from service.core.states import AttemptStatus
@@ -20,6 +21,8 @@ from service.security import attempt_token
 from service.settings import Settings
 from tests.integration.helpers import auth, tiny_spec
 from tests.integration.timeline import TOKENS_PER_STEP, Timeline
+from tests.unit.scripted_api import ScriptedApi
+from zeropilot.cli import app
 
 HOUR = 3600.0
 
@@ -126,3 +129,24 @@ def test_a_bad_interval_is_refused_with_its_field(
     refused = shared_client.post("/v1/jobs", json=spec, headers=auth(shared_tokens["alice"]))
     assert refused.status_code == 422
     assert "give a number of steps (e.g. 100) or 'auto', not 'often'" in refused.text
+
+
+def test_status_says_how_often_the_job_saves_and_why(
+    auto_job: dict[str, Any],
+    shared_client: TestClient,
+    shared_tokens: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI, given the API's real answer (served as recorded)."""
+    job = shared_client.get(f"/v1/jobs/{auto_job['id']}", headers=auth(shared_tokens["alice"]))
+    api = ScriptedApi([(200, {}, job.json())])
+    try:
+        monkeypatch.setenv("ZEROPILOT_URL", api.url)
+        monkeypatch.setenv("ZEROPILOT_TOKEN", "zp_t")
+        status = CliRunner().invoke(app, ["status", auto_job["id"]], terminal_width=200)
+    finally:
+        api.server.shutdown()
+    assert (
+        "checkpoints every 379 steps: a save takes 2 s, this cluster loses a 2-GPU job every 10 h"
+        in status.output
+    ), status.output
