@@ -23,7 +23,6 @@ from sqlmodel import Session, col
 from service.checkpoint_paths import checkpoint_dir, job_fence
 from service.core.cadence import launch_steps, resolve_setting
 from service.core.clusters import ClusterProfile
-from service.core.failures import FailureClass
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
 from service.core.stopping import stop_grace
@@ -37,8 +36,8 @@ from service.security import attempt_token
 from service.settings import Settings
 from workers.backends import get_backend
 from workers.backends.base import LaunchRequest, PermanentError, TemporaryError
+from workers.outcomes import launch_failed
 from workers.render import make_private_dir, write_json_once
-from workers.replacement import replace_after_failed_launch
 from zeropilot.resume import ResumeMethod
 
 log = logging.getLogger(__name__)
@@ -218,32 +217,8 @@ def _fail_launch(settings: Settings, attempt_id: str, message: str) -> None:
     with session_scope(settings.database_url) as session:
         attempt = session.get(Attempt, attempt_id)
         job = session.get(Job, attempt.job_id) if attempt else None
-        if attempt is None or job is None:
-            return
-        fields = {
-            "failure_class": FailureClass.LAUNCH_ERROR,
-            "failure_message": message[:2000],
-            "launch_cluster": job.cluster,  # never chosen again for the job
-        }
-        if not move_attempt(
-            session, attempt, AttemptStatus.LAUNCHING, AttemptStatus.FAILED, message, **fields
-        ):
-            return
-        why_not = replace_after_failed_launch(session, settings, job, attempt, message)
-        if why_not is None:
-            log.info("job %s re-placed on %s after its launch failed", job.id, job.cluster)
-            return
-        if why_not:
-            message = f"{message}; {why_not}"
-        move_job(
-            session,
-            job,
-            JobStatus.LAUNCHING,
-            JobStatus.FAILED,
-            f"launch failed: {message}",
-            failure_class=FailureClass.LAUNCH_ERROR,
-            message=message[:2000],
-        )
+        if attempt is not None and job is not None:  # what follows is service.core.outcomes'
+            launch_failed(session, settings, job, attempt, message)
 
 
 def _touch(session: Session, attempt: Attempt) -> None:

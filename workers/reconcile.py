@@ -14,13 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from dataclasses import replace
 from datetime import timedelta
 
 from sqlmodel import Session, col, select
 
 from service.core.clusters import ClusterProfile
-from service.core.failures import Diagnosis, FailureClass, diagnose_failure
 from service.core.preemption import Policy
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
@@ -43,8 +41,7 @@ from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
 from workers.backends.calls import calls_sent
 from workers.cluster_bounds import read_cluster_bounds
-from workers.disruption import requeue_preempted, retry_after_disruption
-from workers.escalate import escalate
+from workers.outcomes import run_ended
 from workers.retention import jobs_with_unchecked_checkpoints, retain
 from workers.waiting_placement import replace_waiting
 from workers.watched import (
@@ -274,25 +271,14 @@ def reconcile_attempt(
         backend = get_backend(profile.kind)
         if status is None:
             status = backend.poll(profile, attempt.backend_ref)
-        if job.status == JobStatus.CANCELLED:
-            if status.state == BackendState.SUCCEEDED:
-                _finished_before_cancel(session, job, attempt, status)
-            elif status.state.terminal:
-                move_attempt(
-                    session,
-                    attempt,
-                    _ACTIVE_ATTEMPT,
-                    AttemptStatus.CANCELLED,
-                    _cancelled_reason(attempt),
-                    exit_code=status.exit_code,
-                    native_state=status.native_state,
-                )
-            else:
+        next_launch = None
+        if status.state.terminal:  # what follows is service.core.outcomes' to decide
+            next_launch = run_ended(session, settings, job, attempt, status)
+        else:
+            if job.status == JobStatus.CANCELLED or job.stopping_for:  # the stop goes on
                 send_stop(session, settings, job, attempt)
-            return
-        if job.stopping_for and not status.state.terminal:  # preempted: the stop goes on
-            send_stop(session, settings, job, attempt)
-        next_launch = _apply(session, settings, job, attempt, status)
+            if job.status != JobStatus.CANCELLED:
+                _follow(session, job, attempt, status)
     if next_launch:
         send_task(settings.broker_url, LAUNCH_ATTEMPT, next_launch)
 
@@ -327,44 +313,12 @@ def send_stop(session: Session, settings: Settings, job: Job, attempt: Attempt) 
     get_backend(profile.kind).cancel(profile, attempt.backend_ref, attempt.stop_grace_s)
 
 
-def _cancelled_reason(attempt: Attempt) -> str:
-    """ "job cancelled", and what the training did with its grace."""
-    within = f" within its grace ({attempt.stop_grace})" if attempt.stop_grace else ""
-    if attempt.runtime_failure_tag == FailureClass.PREEMPTED:  # it saved, then stopped
-        return f"job cancelled: {attempt.failure_message}{within}"
-    return "job cancelled"
-
-
-def _finished_before_cancel(
-    session: Session, job: Job, attempt: Attempt, status: BackendStatus
-) -> None:
-    """The run exited 0 before the cancel reached it: the job stays CANCELLED (an ended job
-    never moves) and its attempt says the run finished, so its last checkpoint is whole."""
-    move_attempt(
-        session,
-        attempt,
-        _ACTIVE_ATTEMPT,
-        AttemptStatus.SUCCEEDED,
-        f"attempt {attempt.number} had exited 0 before the cancel of job {job.id} reached it:"
-        " the run finished",
-        exit_code=status.exit_code or 0,
-        native_state=status.native_state,
-    )
-
-
-def _apply(
-    session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
-) -> str | None:
-    """Move job and attempt to match the backend; return an attempt id to launch, if any."""
+def _follow(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
+    """A run that goes on: why it waits, or that it runs now."""
     if status.state == BackendState.PENDING:
         _note_pending(session, attempt, status)
     elif status.state == BackendState.RUNNING:
         _mark_running(session, job, attempt, status)
-    elif status.state == BackendState.SUCCEEDED:
-        _mark_succeeded(session, job, attempt, status)
-    else:
-        return _mark_failed(session, settings, job, attempt, status)
-    return None
 
 
 def _note_pending(session: Session, attempt: Attempt, status: BackendStatus) -> None:
@@ -388,105 +342,6 @@ def _mark_running(session: Session, job: Job, attempt: Attempt, status: BackendS
         failure_message="",
     )
     move_job(session, job, JobStatus.LAUNCHING, JobStatus.RUNNING, reason)
-
-
-def _mark_succeeded(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:
-    reason = f"attempt {attempt.number} exited 0"
-    move_attempt(
-        session,
-        attempt,
-        _ACTIVE_ATTEMPT,
-        AttemptStatus.SUCCEEDED,
-        reason,
-        exit_code=status.exit_code or 0,
-        native_state=status.native_state,
-    )
-    move_job(session, job, (JobStatus.LAUNCHING, JobStatus.RUNNING), JobStatus.SUCCEEDED, reason)
-
-
-def _mark_failed(
-    session: Session, settings: Settings, job: Job, attempt: Attempt, status: BackendStatus
-) -> str | None:
-    diagnosis = diagnose(attempt, status)
-    failure = diagnosis.failure_class
-    summary = _failure_summary(diagnosis, status)
-    if job.stopping_for:  # zeropilot stopped it for another job: back in line, not a failure
-        evidence = {**attempt.failure_evidence, **diagnosis.as_record()}
-        fields = {"exit_code": status.exit_code, "native_state": status.native_state}
-        evidence = {**fields, "failure_evidence": evidence}
-        requeue_preempted(session, settings, job, attempt, summary, evidence)
-        return None
-    ended = AttemptStatus.PREEMPTED if failure == FailureClass.PREEMPTED else AttemptStatus.FAILED
-    moved = move_attempt(
-        session,
-        attempt,
-        _ACTIVE_ATTEMPT,
-        ended,
-        summary,
-        exit_code=status.exit_code,
-        native_state=status.native_state,
-        failure_class=failure,
-        failure_message=summary[:2000],
-        failure_evidence=diagnosis.as_record(),
-    )
-    if not moved:
-        return None
-    if retry := retry_after_disruption(session, settings, job, attempt, failure, status, summary):
-        return retry  # a node taken away: the same plan again, not counted against the user
-    spec = JobSpec.model_validate(job.spec)
-    profile = settings.cluster_profiles()[job.cluster]
-    if failure.out_of_memory and spec.escalation.enabled:
-        next_attempt, why_not = escalate(session, settings, job, attempt, spec, profile, diagnosis)
-        if next_attempt is not None:
-            return next_attempt
-        summary = f"{summary}; {why_not}" if why_not else summary
-    if failure == FailureClass.CANCELLED:
-        move_job(
-            session,
-            job,
-            (JobStatus.LAUNCHING, JobStatus.RUNNING),
-            JobStatus.CANCELLED,
-            f"cancelled on the cluster: {summary}",
-        )
-        return None
-    move_job(
-        session,
-        job,
-        (JobStatus.LAUNCHING, JobStatus.RUNNING, JobStatus.ESCALATING),
-        JobStatus.FAILED,
-        summary,
-        failure_class=failure,
-        message=summary[:2000],
-    )
-    return None
-
-
-def diagnose(attempt: Attempt, status: BackendStatus) -> Diagnosis:
-    """Class, lines and numbers of a finished failure, the runtime's own report included."""
-    reported = attempt.runtime_evidence.get("failure", {})
-    diagnosis = diagnose_failure(
-        exit_code=status.exit_code,
-        native_state=status.native_state,
-        reason=status.reason,
-        log_tail=status.log_tail,
-        runtime_tag=attempt.runtime_failure_tag,
-        runtime_message=reported.get("message", ""),
-        runtime_numbers=reported.get("numbers", {}),
-    )
-    if status.state == BackendState.LOST and diagnosis.failure_class == FailureClass.USER_ERROR:
-        return replace(diagnosis, failure_class=FailureClass.NODE_LOST)
-    return diagnosis
-
-
-def _failure_summary(diagnosis: Diagnosis, status: BackendStatus) -> str:
-    """The class, how the process ended, and the line that ended it."""
-    head = f"{diagnosis.failure_class}"
-    line = diagnosis.line or status.reason
-    if "exit code" not in line:  # else the line already says how the process ended
-        ending = f"exit code {status.exit_code}" if status.exit_code is not None else ""
-        if ending or status.native_state:
-            head += f" ({ending or status.native_state})"
-    return f"{head}: {line[:600]}" if line else head
 
 
 def _stale_launches(settings: Settings) -> list[str]:

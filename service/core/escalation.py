@@ -18,7 +18,7 @@ again with it:
 - when nothing qualifies, the decision says so with the numbers.
 
 Pure: it prices plans with the advisor's memory model and never looks at the cluster. Pins in
-the spec do not bind it (it exists to leave the first choice); ``escalation.enabled`` does.
+the spec do not bind it (it exists to leave the first choice).
 """
 
 from __future__ import annotations
@@ -123,10 +123,9 @@ def replan(
     failed: Candidate,
     evidence: Evidence,
     tried: list[Candidate],
-) -> Decision | None:
-    """The decision after ``failed`` ran out of memory; None when escalation does not apply."""
-    if evidence.failure_class not in ("OOM_GPU", "OOM_HOST") or not spec.escalation.enabled:
-        return None
+) -> Decision:
+    """The decision after ``failed`` ran out of memory (whether escalation applies at all is
+    ``service.core.outcomes``'s rule)."""
     if (crowded := _crowded_out(failed, evidence)) is not None:
         return crowded
     work = build_workload(spec, profile)

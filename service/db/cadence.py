@@ -29,7 +29,8 @@ from service.core.failures import FailureClass
 from service.core.goodput import HANG_CLASS
 from service.core.spec import AUTO_INTERVAL
 from service.db.goodput import measured_pace
-from service.db.models import Attempt, Checkpoint, Job, JobEvent, as_utc, utcnow
+from service.db.models import Attempt, Checkpoint, Job, as_utc, utcnow
+from service.db.transitions import note_attempt
 
 INTERVAL_KEY = "checkpoint_interval"  # in Attempt.runtime_evidence: {"steps", "reason"}
 # The cluster's failures, not the job's: a node lost, a collective failed or hung.
@@ -109,14 +110,5 @@ def refresh_interval(
     attempt.runtime_evidence = {**attempt.runtime_evidence, INTERVAL_KEY: kept}  # a new dict
     session.add(attempt)
     if cadence.automatic:  # a set interval needs no explaining
-        session.add(
-            JobEvent(
-                job_id=job.id,
-                subject="attempt",
-                attempt_number=attempt.number,
-                from_status=attempt.status,
-                to_status=attempt.status,
-                reason=f"checkpoint {cadence.reason}",
-            )
-        )
+        note_attempt(session, attempt, f"checkpoint {cadence.reason}")
     return cadence.steps

@@ -4,8 +4,8 @@ Runs in the workers' periodic pass, after admission and under the same admission
 when jobs still wait. One preemption at a time: while a victim saves and stops, nothing else is
 chosen, so the GPUs it frees go to the job it stops for, not to a second round of victims. The
 worker stops the victims (the graceful stop of ``docs/launch.md``); when a victim's attempt
-ends, ``requeue_preempted`` puts its job back in line at its original place, resuming from the
-checkpoint it saved.
+ends, ``workers.disruption.requeue`` puts its job back in line at its original place,
+resuming from the checkpoint it saved.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from service.core.admission import Waiting
 from service.core.preemption import Policy, Preemption, Running, choose_victims
 from service.core.states import JobStatus
 from service.db.admission import WAITING_PREFIX, as_waiting, held, limits_of, waiting_jobs
-from service.db.models import Attempt, Checkpoint, Job, JobEvent, Team, as_utc
+from service.db.models import Attempt, Checkpoint, Job, Team, as_utc
+from service.db.transitions import note_job
 
 STOPPING = (JobStatus.LAUNCHING, JobStatus.RUNNING)
 LINE = 5  # waiting jobs looked at per pass, first in line first
@@ -102,7 +103,7 @@ def _mark(session: Session, waiting: Waiting, chosen: Preemption) -> list[Stop]:
         victim.stopping_for = waiting.job_id
         session.add(victim)
         reason = chosen.reasons[victim_id]
-        session.add(_decision(victim, reason))
+        note_job(session, victim, reason)
         attempt = session.exec(
             select(Attempt).where(
                 Attempt.job_id == victim.id, Attempt.number == victim.current_attempt
@@ -114,17 +115,5 @@ def _mark(session: Session, waiting: Waiting, chosen: Preemption) -> list[Stop]:
     why = f"stopping job {', '.join(chosen.victims)} to free its GPUs for this one"
     job.message = WAITING_PREFIX + why
     session.add(job)
-    session.add(_decision(job, why))
+    note_job(session, job, why)
     return stops
-
-
-def _decision(job: Job, reason: str) -> JobEvent:
-    """An event that moves no status: a decision about the job, in words, for its history."""
-    return JobEvent(
-        job_id=job.id,
-        subject="job",
-        attempt_number=job.current_attempt or None,
-        from_status=job.status,
-        to_status=job.status,
-        reason=reason,
-    )

@@ -71,6 +71,35 @@ def move_attempt(
     )
 
 
+def note_job(session: Session, job: Job, reason: str) -> None:
+    """An event that moves no status: a decision about the job, in words, for its history."""
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            subject="job",
+            attempt_number=job.current_attempt or None,
+            from_status=job.status,
+            to_status=job.status,
+            reason=reason[:2000],
+        )
+    )
+
+
+def note_attempt(session: Session, attempt: Attempt, reason: str) -> None:
+    """An event that moves no status: what became of the attempt, in words (a report, why
+    nothing follows it)."""
+    session.add(
+        JobEvent(
+            job_id=attempt.job_id,
+            subject="attempt",
+            attempt_number=attempt.number,
+            from_status=attempt.status,
+            to_status=attempt.status,
+            reason=reason[:2000],
+        )
+    )
+
+
 def record_created(job_id: str, reason: str) -> Row:
     """The first event of a job: it exists, PENDING (stored with the job, see ``rows``)."""
     return new_row(

@@ -28,7 +28,7 @@ from service.db.users import create_user, user_by_token
 from service.settings import BrokerSettings, ClusterSettings, DatabaseSettings, Settings
 from service.tasks import LAUNCH_ATTEMPT
 from tests.integration.helpers import queued_tasks, tiny_spec
-from workers.disruption import DISRUPTION_RUNG, PREEMPTION_RUNG, STOP_RUNG
+from workers.disruption import PREEMPTION_RUNG, RUNGS
 from workers.reconcile import reconcile_attempt
 
 GPU_BOX = ClusterProfile(
@@ -158,8 +158,8 @@ def test_an_oom_no_plan_can_absorb_ends_the_job_with_the_numbers(
 @pytest.mark.parametrize(
     ("second", "counted"),
     [
-        ((AttemptKind.DISRUPTION, f"{DISRUPTION_RUNG} (DisruptionTarget)"), False),
-        ((AttemptKind.STOP, f"{STOP_RUNG} (PREEMPTED)"), False),
+        ((AttemptKind.DISRUPTION, f"{RUNGS[AttemptKind.DISRUPTION]} (DisruptionTarget)"), False),
+        ((AttemptKind.STOP, f"{RUNGS[AttemptKind.STOP]} (PREEMPTED)"), False),
         ((AttemptKind.PREEMPTION, f"{PREEMPTION_RUNG} (by job 0123456789abcdef)"), False),
         ((AttemptKind.REPLACEMENT, "re-placed on cpu-b after the launch on gpu-a failed"), False),
         ((AttemptKind.ESCALATION, "micro-batch 4 -> 2 (accumulation 1 -> 2)"), True),

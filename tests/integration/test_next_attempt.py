@@ -30,7 +30,7 @@ from service.db.users import create_user, user_by_token
 from service.settings import Settings
 from tests.integration.helpers import tiny_spec
 from workers.backends.base import BackendState, BackendStatus
-from workers.disruption import retry_after_disruption
+from workers.outcomes import run_ended
 
 WORLD = 2  # tiny_spec: one node, two ranks
 
@@ -59,13 +59,13 @@ def new_job(
 
 
 def ended(session: Session, job: Job, ending: AttemptStatus = AttemptStatus.FAILED) -> Attempt:
-    """The job's current attempt launched, run and ended, the job still RUNNING (as the
-    reconcile leaves it when it decides what follows)."""
+    """The job's current attempt launched, run and ended (or still RUNNING), the job still
+    RUNNING (as the reconcile leaves it when it decides what follows)."""
     attempt = job_store.current_attempt(session, job)
     assert attempt is not None
     move_job(session, job, JobStatus.QUEUED, JobStatus.LAUNCHING, "launching")
     move_job(session, job, JobStatus.LAUNCHING, JobStatus.RUNNING, "running")
-    for status in (AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, ending):
+    for status in dict.fromkeys((AttemptStatus.LAUNCHING, AttemptStatus.RUNNING, ending)):
         move_attempt(session, attempt, AttemptStatus(attempt.status), status, "on its way")
     return attempt
 
@@ -206,13 +206,12 @@ def test_with_resume_off_the_next_attempt_starts_afresh(settings: Settings) -> N
 
 
 def disrupted(session: Session, settings: Settings, job: Job, failure: FailureClass) -> str | None:
-    attempt = job_store.current_attempt(session, job)
-    assert attempt is not None
-    ending = AttemptStatus.PREEMPTED if failure == FailureClass.PREEMPTED else AttemptStatus.FAILED
-    ended(session, job, ending)
-    lost = failure == FailureClass.NODE_LOST
-    status = BackendStatus(BackendState.FAILED, native_state="DisruptionTarget" if lost else "")
-    return retry_after_disruption(session, settings, job, attempt, failure, status, "taken away")
+    """The job's current attempt launched, run, and ended by a lost node or a stop from outside:
+    what follows, decided and carried out as the reconcile pass does."""
+    attempt = ended(session, job, AttemptStatus.RUNNING)
+    native = "DisruptionTarget" if failure == FailureClass.NODE_LOST else "PREEMPTED"
+    status = BackendStatus(BackendState.FAILED, native_state=native, reason="taken away")
+    return run_ended(session, settings, job, attempt, status)
 
 
 def test_disruptions_and_stops_each_end_at_their_own_budget(settings: Settings) -> None:
@@ -222,7 +221,6 @@ def test_disruptions_and_stops_each_end_at_their_own_budget(settings: Settings) 
             disrupted(session, settings, job, FailureClass.NODE_LOST)
             for _ in range(MAX_DISRUPTION_RETRIES + 1)
         ]
-        move_job(session, job, JobStatus.RUNNING, JobStatus.FAILED, "out of retries")
         stops_job = new_job(session, settings, 1, owner="bob")
         stops = [
             disrupted(session, settings, stops_job, FailureClass.PREEMPTED)
@@ -232,6 +230,7 @@ def test_disruptions_and_stops_each_end_at_their_own_budget(settings: Settings) 
         stopped = job_store.attempts_of(session, stops_job.id)
 
     assert [d is not None for d in disruptions] == [True] * MAX_DISRUPTION_RETRIES + [False]
+    assert job.status == JobStatus.FAILED  # out of retries: the fourth lost node ends it
     assert rungs == ["advisor"] + ["retry after a disruption (DisruptionTarget)"] * 3
     assert [s is not None for s in stops] == [True] * MAX_STOP_RESUMES + [False]
     assert [a.kind for a in stopped] == ["advisor"] + ["stop"] * MAX_STOP_RESUMES

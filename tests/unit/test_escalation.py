@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from service.core.advisor import Candidate, advise
 from service.core.advisor.choice import offload_level, plan_identity
 from service.core.clusters import LOCAL_PROFILE
@@ -204,19 +202,3 @@ def test_a_host_oom_on_a_gpu_cluster_stops_where_no_plan_saves_host_memory() -> 
     assert decision is not None and decision.action == "stop"
     assert "no untried plan is predicted to fit 1843.20 GiB" in decision.reason
     assert "saves 0.00 MiB" in decision.reason
-
-
-@pytest.mark.parametrize("failure", ["NCCL_TIMEOUT", "KILLED", "USER_ERROR"])
-def test_other_failures_are_not_replanned(failure: str) -> None:
-    spec = llama7b()
-    plan = advise(spec, H100).plan
-    assert replan(spec, H100, plan, Evidence(failure), []) is None
-
-
-def test_disabled_escalation_is_not_replanned() -> None:
-    spec = llama7b()
-    disabled = spec.model_copy(
-        update={"escalation": spec.escalation.model_copy(update={"enabled": False})}
-    )
-    plan = advise(spec, H100).plan
-    assert replan(disabled, H100, plan, Evidence("OOM_GPU"), []) is None

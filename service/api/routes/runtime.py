@@ -17,7 +17,8 @@ from service.api.schemas import (
 from service.checkpoint_paths import configured_dir, job_fence
 from service.db import jobs as job_store
 from service.db.cadence import refresh_interval, stored_interval
-from service.db.models import Job, JobEvent
+from service.db.models import Job
+from service.db.transitions import note_attempt
 from service.db.users import checkpoint_roots_of
 from service.tasks import ATTEMPT_ENDED, send_or_leave_to_sweep
 
@@ -115,14 +116,7 @@ def report_failure(report: FailureReport, attempt: ReportingAttempt, session: Se
         failure = {"message": report.message, "numbers": report.evidence}
         attempt.runtime_evidence = {**attempt.runtime_evidence, "failure": failure}
     session.add(attempt)
-    session.add(
-        JobEvent(
-            job_id=attempt.job_id,
-            subject="attempt",
-            attempt_number=attempt.number,
-            from_status=attempt.status,
-            to_status=attempt.status,
-            reason=f"training reported {report.failure_class}: {report.message[:200]}",
-        )
+    note_attempt(
+        session, attempt, f"training reported {report.failure_class}: {report.message[:200]}"
     )
     session.commit()
