@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import tuple_
+from sqlalchemy.orm import defer
 from sqlmodel import Session, col, func, select
 
 from service.core.goodput import HANG_CLASS, AttemptRun, Save, Segment, Step, job_segments
@@ -119,10 +120,14 @@ def measured_pace(session: Session, job_id: str, points: int = PACE_POINTS) -> f
 def jobs_in_window(
     session: Session, team_id: int, since: datetime, until: datetime
 ) -> Sequence[Job]:
-    """The team's jobs that may have held GPUs in [since, until]."""
-    query = select(Job).where(
-        Job.team_id == team_id,
-        col(Job.created_at) <= until,
-        col(Job.finished_at).is_(None) | (col(Job.finished_at) >= since),
+    """The team's jobs that may have held GPUs in [since, until] (their plans left unread)."""
+    query = (
+        select(Job)
+        .options(defer(Job.plan))  # type: ignore[arg-type]  # a JSON column's attribute
+        .where(
+            Job.team_id == team_id,
+            col(Job.created_at) <= until,
+            col(Job.finished_at).is_(None) | (col(Job.finished_at) >= since),
+        )
     )
     return session.exec(query.order_by(col(Job.created_at))).all()
