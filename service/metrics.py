@@ -250,7 +250,7 @@ def _ended_job_gpu_seconds(
     session: Session, job: Job | None, row: JobEvent
 ) -> tuple[tuple[str, float], ...]:
     """An ended job's GPU-seconds by cause, read once, as it ends (an attempt still stopping
-    counts up to this moment)."""
+    counts up to its latest report)."""
     if job is None or row.subject != "job" or not JobStatus(row.to_status).terminal:
         return ()
     if not isinstance(session, ModelSession):  # every zeropilot session is one

@@ -62,6 +62,7 @@ class AttemptRun:
     last: Step | None
     at_saves: Mapping[int, Step] = field(default_factory=dict)  # its steps that were saved
     saves: Sequence[Save] = ()  # oldest first
+    running: bool = False  # not ended: counted up to its latest report (what it did is known)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ def segments(run: AttemptRun, kept: int | None) -> list[Segment]:
         if kept_save is not None:
             cut.to(Cause.STOP_SAVE if run.stopped else Cause.CHECKPOINTING, kept_save.at)
     cut.to(Cause.REDONE, _last_progress(run))
-    cut.to(_tail_cause(run), run.end)
+    if not run.running:
+        cut.to(_tail_cause(run), run.end)
     return cut.done
 
 

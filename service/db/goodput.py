@@ -84,6 +84,7 @@ def _run(
         finished_ok=status == AttemptStatus.SUCCEEDED or not status.terminal,
         stopped=status == AttemptStatus.PREEMPTED,
         hung=attempt.failure_class == HANG_CLASS,
+        running=not status.terminal,
         resumed_from=attempt.resumed_from,
         first=first,
         last=steps[-1] if steps else None,

@@ -54,3 +54,13 @@ def test_a_window_counts_only_its_part() -> None:
     done = run(1, 0, 100, finished_ok=True, first=Step(1, at(10)), last=Step(90, at(100)))
     counted = tally(job_segments([done]), since=at(50), until=at(80))
     assert counted.held == 4 * 30 and counted.productive == 4 * 30
+
+
+def test_a_running_attempt_counts_up_to_its_latest_report() -> None:
+    stepping = run(
+        1, 0, 100, running=True, finished_ok=True, first=Step(1, at(10)), last=Step(50, at(60))
+    )
+    starting = run(1, 0, 100, running=True, finished_ok=True)
+    assert tally(job_segments([stepping])).held == 4 * 60  # not the 40 s since: unknown yet
+    assert tally(job_segments([stepping])).productive == 4 * 50
+    assert tally(job_segments([starting])).by_cause[Cause.STARTUP] == 4 * 100
