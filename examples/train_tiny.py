@@ -161,7 +161,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--checkpoint-interval", type=int, default=20)
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=None,
+        help="steps between saves; default: zeropilot's interval, followed as it changes "
+        "(checkpoint.interval_steps: auto), or 20 outside zeropilot",
+    )
     parser.add_argument("--log-interval", type=int, default=1)
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     parser.add_argument(
@@ -269,7 +275,11 @@ def main() -> None:
                     tokens_per_s=tokens_per_s,
                     memory_peak_bytes=memory_peak_bytes(engine.device),
                 )
-            saved = step % args.checkpoint_interval == 0 or step == args.steps
+            if args.checkpoint_interval:
+                due = step % args.checkpoint_interval == 0
+            else:  # every rank asks: rank 0 knows zeropilot's interval and decides for all
+                due = reporter.checkpoint_due(step, default=20)
+            saved = due or step == args.steps
             if saved:
                 save(engine, reporter, save_dir, step)
             if step < args.steps and reporter.stop_requested():  # every rank, every step

@@ -22,10 +22,13 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from sqlalchemy import event
 from sqlalchemy.orm import Session
+from sqlmodel import Session as ModelSession
 from sqlmodel import col, select
 
 from service.core.failures import FailureClass
+from service.core.goodput import tally
 from service.core.states import AttemptStatus, JobStatus
+from service.db.goodput import job_timeline
 from service.db.jobs import NEW_JOB_EVENTS
 from service.db.models import Attempt, Job, JobEvent, Team
 
@@ -77,6 +80,12 @@ ESCALATIONS = Counter(
     "zeropilot_escalations_total",
     "Jobs sent one rung up the memory ladder after a failure.",
     ["cluster", "failure_class"],
+)
+GPU_SECONDS = Counter(
+    "zeropilot_gpu_seconds_total",
+    "GPU-seconds that ended jobs held, by cause: productive, or what lost them (startup, "
+    "checkpointing, redone, hang, stop_save, ending; docs/goodput.md). Counted as a job ends.",
+    ["cluster", "team", "cause"],
 )
 QUEUE_WAIT = Histogram(
     "zeropilot_queue_wait_seconds",
@@ -173,6 +182,7 @@ class _Seen:
     since_submit_s: float
     attempt_number: int | None
     start_error_s: float | None = None  # on admission: against its first predicted start
+    gpu_seconds: tuple[tuple[str, float], ...] = ()  # an ended job's, by cause
 
 
 def install_transition_metrics() -> None:
@@ -241,7 +251,21 @@ def _seen(session: Session, row: JobEvent) -> _Seen:
         since_submit_s=max(0.0, (datetime.now(UTC) - created).total_seconds()),
         attempt_number=row.attempt_number,
         start_error_s=job.start_prediction_error_s if job else None,
+        gpu_seconds=_ended_job_gpu_seconds(session, job, row),
     )
+
+
+def _ended_job_gpu_seconds(
+    session: Session, job: Job | None, row: JobEvent
+) -> tuple[tuple[str, float], ...]:
+    """An ended job's GPU-seconds by cause, read once, as it ends (an attempt still stopping
+    counts up to its latest report)."""
+    if job is None or row.subject != "job" or not JobStatus(row.to_status).terminal:
+        return ()
+    if not isinstance(session, ModelSession):  # every zeropilot session is one
+        return ()
+    counted = tally(job_timeline(session, job).segments)
+    return tuple((cause.value, seconds) for cause, seconds in counted.by_cause.items())
 
 
 def _record(session: Session) -> None:
@@ -283,6 +307,8 @@ def _count(seen: _Seen) -> None:
         ESCALATIONS.labels(seen.cluster, _escalation_class(seen.reason)).inc()
     if JobStatus(status).terminal:
         JOBS_FINISHED.labels(seen.cluster, status).inc()
+        for cause, seconds in seen.gpu_seconds:
+            GPU_SECONDS.labels(seen.cluster, seen.team, cause).inc(seconds)
 
 
 def _observe_start_error(seen: _Seen) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col
 
 from service.checkpoint_paths import checkpoint_dir, job_fence
+from service.core.cadence import launch_steps, resolve_setting
 from service.core.clusters import ClusterProfile
 from service.core.spec import JobSpec
 from service.core.states import AttemptStatus, JobStatus
@@ -167,7 +168,7 @@ def build_request(
         "ZEROPILOT_ATTEMPT_ID": attempt.id,
         "ZEROPILOT_ATTEMPT_TOKEN": attempt_token(settings.secret_key(), attempt.id),
         "ZEROPILOT_CHECKPOINT_DIR": checkpoints,
-        "ZEROPILOT_CHECKPOINT_INTERVAL": str(spec.checkpoint.interval_steps),
+        "ZEROPILOT_CHECKPOINT_INTERVAL": str(_first_interval(spec, job, profile)),
         "ZEROPILOT_DS_CONFIG": str(ds_config_path),
         "ZEROPILOT_ACTIVATION_CHECKPOINTING": "1"
         if attempt.plan["activation_checkpointing"]
@@ -194,6 +195,13 @@ def build_request(
         python=settings.workers.python or sys.executable,
         stop_grace_s=grace_s,
     )
+
+
+def _first_interval(spec: JobSpec, job: Job, profile: ClusterProfile) -> int:
+    """The steps between saves the attempt starts with; with ``auto`` its first metrics
+    report's answer gives the interval from measurements (service.db.cadence)."""
+    setting = resolve_setting(spec.checkpoint.interval_steps, profile)
+    return launch_steps(setting, job.step_s, job.steps)
 
 
 def _record_ref(settings: Settings, attempt_id: str, ref: str, log_path: str | None) -> bool:

@@ -29,6 +29,7 @@ from zeropilot.cli_common import (
     print_json,
     read_mapping,
 )
+from zeropilot.cli_goodput import print_cadence, print_goodput, report_command
 from zeropilot.cli_predicted import prediction_lines, start_cell
 from zeropilot.cli_teams import teams_app
 from zeropilot.client import Client, GaveUp
@@ -43,6 +44,7 @@ app.add_typer(calibration_app, name="calibration")
 app.command("advise")(advise_command)
 app.command("lint")(lint_command)
 app.command("cancel")(cancel_command)
+app.command("report")(report_command)
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -266,6 +268,8 @@ def status(job_id: str, as_json: JsonOpt = False) -> None:
         console.print("last step:" + _metric_line(job["metrics"][-1]).strip().removeprefix("step"))
     if job["checkpoints"]:
         print_checkpoints(job)
+    print_cadence(job)
+    print_goodput(job)
 
 
 def print_checkpoints(job: dict[str, Any]) -> None:

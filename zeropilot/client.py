@@ -186,6 +186,10 @@ class Client:
     def teams(self) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], self._send("GET", "/v1/teams").json())
 
+    def team_report(self, name: str, since: str) -> dict[str, Any]:
+        path = f"/v1/teams/{_segment(name)}/report"
+        return self._call("GET", path, params={"since": since})
+
     def update_team(self, name: str, **fields: Any) -> dict[str, Any]:
         return self._call("PATCH", f"/v1/teams/{_segment(name)}", json_body=fields)
 

@@ -208,8 +208,11 @@ class CallbackLogic:
         self._last_log = (time.perf_counter(), int(getattr(state, "num_input_tokens_seen", 0)))
 
     # --- each step -------------------------------------------------------------------------
-    def step_end(self, state: Any, control: Any) -> None:
+    def step_end(self, state: Any, control: Any, args: Any = None) -> None:
         self._save_began = time.perf_counter()
+        if args is not None and follows_zeropilots_interval(args) and not _last(state):
+            # the interval as it is now (auto moves it), not the Trainer's fixed save_steps
+            control.should_save = self.reporter.checkpoint_due(state.global_step)
         if state.global_step < state.max_steps and self.reporter.stop_requested():
             control.should_save = True  # every rank asked the same all-reduce: the same step
             control.should_training_stop = True
@@ -269,6 +272,18 @@ class CallbackLogic:
             previous(kind, exc, trace)
 
         sys.excepthook = report_then_raise
+
+
+def follows_zeropilots_interval(args: Any) -> bool:
+    """Whether the Trainer saves every ``save_steps`` that zeropilot gave it (not yours): then
+    the callback follows zeropilot's interval as it changes. The same answer on every rank."""
+    given = os.environ.get("ZEROPILOT_CHECKPOINT_INTERVAL", "")
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    return given.isdigit() and strategy == "steps" and args.save_steps == int(given)
+
+
+def _last(state: Any) -> bool:
+    return bool(state.global_step >= state.max_steps)  # the Trainer's own final save stands
 
 
 def _rescale_first_loss(state: Any, logs: dict[str, Any], counted_from: int) -> None:
@@ -335,7 +350,7 @@ def _callback_class() -> type:
             self.logic.train_begin(state)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.logic.step_end(state, control)
+            self.logic.step_end(state, control, args)
 
         def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.logic.log(state, kwargs.get("logs"))

@@ -67,14 +67,29 @@ class Reporter:
     _stop_signal: bool = field(default=False, repr=False)  # SIGTERM arrived: save, then exit
     # Metrics points for the background sender; None asks it to send what it has gathered.
     _queued: queue.Queue[dict[str, Any] | None] | None = field(default=None, repr=False)
+    # Steps between saves: the launch's, then what each metrics report's answer says (with
+    # checkpoint.interval_steps: auto it follows the measurements). None: not under zeropilot.
+    checkpoint_interval: int | None = None
+    _last_saved: int | None = field(default=None, repr=False)  # the step of the last save
 
     @classmethod
     def from_env(cls) -> Reporter:
+        interval = os.environ.get("ZEROPILOT_CHECKPOINT_INTERVAL", "")
         return cls(
             url=os.environ.get("ZEROPILOT_URL"),
             attempt_id=os.environ.get("ZEROPILOT_ATTEMPT_ID"),
             token=os.environ.get("ZEROPILOT_ATTEMPT_TOKEN") or _token_from_file(),
+            checkpoint_interval=int(interval) if interval.isdigit() and int(interval) else None,
         )
+
+    def checkpoint_due(self, step: int, default: int = 100) -> bool:
+        """Whether to save after ``step``: ``checkpoint_interval`` steps (``default`` outside
+        zeropilot) since this attempt's last save or its start. Call it on every rank at the
+        same point of every step: rank 0, which hears the interval, decides for all."""
+        if self._last_saved is None:
+            self._last_saved = step - 1  # a resumed attempt counts from where it resumed
+        interval = self.checkpoint_interval or default
+        return _any_rank(_rank() == 0 and step - self._last_saved >= interval)
 
     @property
     def enabled(self) -> bool:
@@ -115,6 +130,7 @@ class Reporter:
     ) -> None:
         """Report a checkpoint that has been completely written (call it after save returns),
         with how long the save took: zeropilot sizes the grace of a stop from it."""
+        self._last_saved = step
         body = {"step": step, "path": os.path.abspath(path), "tag": tag, "seconds": seconds}
         self._post("checkpoints", body)
 
@@ -248,13 +264,23 @@ class Reporter:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
-                response.read()
+                self._learn(response.read())
         except urllib.error.HTTPError as exc:
             # 401 after the attempt ended or its job was cancelled: later reports would be too.
             self._expired = exc.code == 401
             self._warn_once(f"{kind} report refused ({exc.code}): {_detail(exc)}")
         except (urllib.error.URLError, OSError) as exc:
             self._warn_once(f"could not report {kind}: {exc}")
+
+    def _learn(self, answer: bytes) -> None:
+        """Take the interval a metrics report's answer carries (other answers carry none)."""
+        try:
+            steps = json.loads(answer or b"null")
+        except ValueError:
+            return
+        steps = steps.get("checkpoint_interval_steps") if isinstance(steps, dict) else None
+        if type(steps) is int and steps > 0:  # not a bool
+            self.checkpoint_interval = steps
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:  # one warning, not one per step

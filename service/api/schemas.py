@@ -120,6 +120,42 @@ class CheckpointPublic(Public):
     created_at: datetime
 
 
+class GoodputPublic(BaseModel):
+    """GPU-seconds held (from processes running to their end, times the GPUs) and where they
+    went; docs/goodput.md defines each cause."""
+
+    gpu_seconds: float
+    productive_gpu_seconds: float  # work kept: resumed from, or the final result
+    goodput: float | None  # productive / held; None before any GPU time
+    lost_gpu_seconds: dict[str, float]  # by cause: startup, checkpointing, redone, hang, ...
+
+
+class AttemptGoodputPublic(GoodputPublic):
+    number: int
+
+
+class JobGoodputPublic(GoodputPublic):
+    mfu: float | None  # model FLOPs/s at the measured pace over the GPUs' peak
+    tokens_per_s: float | None  # that pace: the median of the latest reported points
+    attempts: list[AttemptGoodputPublic]
+
+
+class TeamReport(BaseModel):
+    """The showback of a team's GPU time in [since, until]: used, kept, lost by cause, cost."""
+
+    team: str
+    since: datetime
+    until: datetime
+    jobs: int  # jobs that held GPUs in the window
+    gpu_hours: float
+    productive_gpu_hours: float
+    goodput: float | None
+    lost_gpu_hours: dict[str, float]  # by cause (docs/goodput.md)
+    cost_usd: float | None  # GPU-hours on priced clusters x usd_per_gpu_hour; None: none priced
+    lost_cost_usd: float | None  # of that, the lost hours'
+    unpriced_gpu_hours: float  # on clusters whose profile sets no price
+
+
 class JobDetail(JobPublic):
     spec: dict[str, Any]
     plan: dict[str, Any]
@@ -129,6 +165,7 @@ class JobDetail(JobPublic):
     metrics: list[MetricPublic]
     checkpoints: list[CheckpointPublic]
     checkpoint_bytes: int = 0  # of the checkpoints retention keeps, as last measured
+    goodput: JobGoodputPublic | None = None  # None until it has held GPUs
 
 
 class ProgressPublic(BaseModel):
@@ -171,6 +208,13 @@ class MetricReports(RootModel[list[MetricReport]]):
     """Several steps' points in one request, oldest first."""
 
     root: list[MetricReport] = Field(min_length=1, max_length=METRIC_POINTS_PER_REPORT)
+
+
+class MetricsAnswer(BaseModel):
+    """What the runtime learns from a metrics report: the steps between saves it should use
+    now (the job's setting, or with ``auto`` the interval from measurements)."""
+
+    checkpoint_interval_steps: int
 
 
 class CheckpointReport(Report):

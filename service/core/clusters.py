@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.core.launch_limits import ENV_NAME_PATTERN
-from service.core.spec import NAME_PATTERN
+from service.core.spec import NAME_PATTERN, IntervalSetting
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
 # Where every Kubernetes training pod already mounts something (the ConfigMap, its /dev/shm).
@@ -47,6 +47,9 @@ class ClusterProfile(BaseModel):
     pcie_gb_per_s: float | None = Field(default=None, gt=0)  # host link (offload copies)
     # GPUs zeropilot admits onto this cluster at once (teams share them fairly); None: no cap.
     max_gpus: int | None = Field(default=None, gt=0)
+    # Steps between checkpoints for jobs that set none: a number, or "auto" (Young/Daly from
+    # measured saves and this cluster's interruptions, service.core.cadence).
+    checkpoint_interval_steps: IntervalSetting = 100
     # What one GPU here costs per hour, in US dollars, for placement: cost; None: not priced.
     usd_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # The shared storage its nodes mount checkpoints from, by name; None: its own. A job that

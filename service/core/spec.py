@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -212,9 +213,22 @@ class KeepBest(Strict):
     mode: Literal["min", "max"] = "min"
 
 
+# Steps between saves, or "auto": from the job's measured saves and the cluster's observed
+# interruptions (service.core.cadence).
+IntervalSetting = PositiveInt | Literal["auto"]
+AUTO_INTERVAL = "auto"
+
+
+def _steps_or_auto(value: Any) -> Any:
+    if isinstance(value, str) and value != AUTO_INTERVAL and not value.strip().isdigit():
+        raise ValueError(f"give a number of steps (e.g. 100) or 'auto', not {value!r}")
+    return value
+
+
 class CheckpointSpec(Strict):
     dir: Text | None = None  # default: the job's folder on the cluster's shared storage
-    interval_steps: PositiveInt = 100
+    # None: the cluster's default (its profile's checkpoint_interval_steps)
+    interval_steps: Annotated[IntervalSetting, BeforeValidator(_steps_or_auto)] | None = None
     resume: bool = True
     # Seconds between SIGTERM (save now) and SIGKILL when the job is stopped; default: sized
     # from its measured saves (service.core.stopping).

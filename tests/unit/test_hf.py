@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import signal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from zeropilot.hf import merged_arguments, plan_of
+from zeropilot.hf import CallbackLogic, follows_zeropilots_interval, merged_arguments, plan_of
+from zeropilot.runtime import Reporter
 
 CONFIG: dict[str, Any] = {
     "train_batch_size": 16,
@@ -94,3 +97,29 @@ def test_importing_the_module_does_not_import_transformers() -> None:
     code = "import sys, zeropilot.hf; print('transformers' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_the_callback_saves_at_zeropilots_interval_as_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the Trainer saving every save_steps zeropilot gave it, the callback decides each
+    step from the interval the runtime heard last (auto moves it); the final save stands."""
+    signal_handler = signal.getsignal(signal.SIGTERM)
+    logic = CallbackLogic(Reporter(checkpoint_interval=50))  # outside a world: rank 0 alone
+    signal.signal(signal.SIGTERM, signal_handler)  # it watched for stops; the test does not
+    args = SimpleNamespace(save_strategy="steps", save_steps=50)
+    saved = []
+    for step in range(1, 101):
+        if step == 31:
+            logic.reporter.checkpoint_interval = 20  # a metrics report's answer moved it
+        state, control = SimpleNamespace(global_step=step, max_steps=100), SimpleNamespace()
+        control.should_save = step % 50 == 0  # the Trainer's own rule, before the callback
+        logic.step_end(state, control, args)
+        if control.should_save:
+            logic.reporter.checkpoint(step, f"/c/{step}")
+            saved.append(step)
+    # At step 31 the new interval has passed since the start: a save at once, then every 20
+    # (not at 50, the Trainer's own); the final step's save stands.
+    assert saved == [31, 51, 71, 91, 100]
+    mine = SimpleNamespace(save_strategy="steps", save_steps=7)  # your own save_steps
+    assert not follows_zeropilots_interval(mine) and follows_zeropilots_interval(args)

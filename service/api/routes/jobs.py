@@ -18,6 +18,7 @@ from service.api.deps import (
     visible_job,
 )
 from service.api.errors import error_responses
+from service.api.goodput import job_goodput
 from service.api.job_progress import NoSuchJob, ProgressHub, Seen, ShuttingDown
 from service.api.schemas import JobDetail, JobPublic, JobsPublic, ProgressPublic
 from service.api.submitting import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, submit
@@ -111,10 +112,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobDetail, responses=error_responses(404))
-def get_job(job_id: str, user: CurrentUser, session: SessionDep) -> JobDetail:
+def get_job(
+    job_id: str, user: CurrentUser, session: SessionDep, settings: SettingsDep
+) -> JobDetail:
     job = visible_job(session, user, job_id)
     record = job_store.job_record(session, job, team_names(session)[job.team_id])
-    return JobDetail.model_validate(record)
+    goodput = job_goodput(session, job, settings.cluster_profiles())
+    return JobDetail.model_validate({**record, "goodput": goodput})
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(403, 404, 409))

@@ -12,9 +12,11 @@ from service.api.schemas import (
     FailureReport,
     MetricReport,
     MetricReports,
+    MetricsAnswer,
 )
 from service.checkpoint_paths import configured_dir, job_fence
 from service.db import jobs as job_store
+from service.db.cadence import refresh_interval, stored_interval
 from service.db.models import Job
 from service.db.transitions import note_attempt
 from service.db.users import checkpoint_roots_of
@@ -36,15 +38,20 @@ def report_metrics(report: MetricReport, attempt: ReportingAttempt, session: Ses
     session.commit()
 
 
-@router.post("/metrics/batch", status_code=status.HTTP_204_NO_CONTENT)
+@router.post("/metrics/batch", response_model=MetricsAnswer)
 def report_metric_batch(
-    reports: MetricReports, attempt: ReportingAttempt, session: SessionDep
-) -> None:
+    reports: MetricReports, attempt: ReportingAttempt, session: SessionDep, settings: SettingsDep
+) -> MetricsAnswer:
     """Several steps' metrics at once, in one transaction (the runtime sends a second's worth:
-    a job stepping ten times a second costs the API one request a second, not ten)."""
+    a job stepping ten times a second costs the API one request a second, not ten). The answer
+    carries the interval the attempt should save at now, which the runtime follows."""
     for report in reports.root:
         job_store.record_metric(session, attempt, report.model_dump())
+    interval = stored_interval(attempt)
+    if interval is None:  # its first report: the interval from what is known so far
+        interval = refresh_interval(session, attempt, settings.cluster_profiles())
     session.commit()
+    return MetricsAnswer(checkpoint_interval_steps=interval)
 
 
 @router.post("/checkpoints", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(409))
@@ -70,6 +77,7 @@ def report_checkpoint(
     job_store.record_checkpoint(
         session, attempt, report.step, report.path, report.tag, report.seconds
     )
+    refresh_interval(session, attempt, settings.cluster_profiles())  # a save measured: re-weigh
     session.commit()
 
 

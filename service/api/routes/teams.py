@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
 from sqlmodel import Session, col, func, select
 
 from service.api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep
 from service.api.errors import body_field_error, error_responses
-from service.api.schemas import TeamPublic, TeamUpdate
+from service.api.schemas import TeamPublic, TeamReport, TeamUpdate
+from service.api.team_report import team_report
 from service.checkpoint_paths import roots_conflict
+from service.core.periods import parse_since
 from service.core.sharing import TeamSharing, sharing
 from service.core.states import JobStatus
 from service.db.admission import admit_pending, held
@@ -55,6 +60,31 @@ def update_team(
     for attempt_id in launches:
         send_or_leave_to_sweep(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     return _public(team, _sharing(session), _waiting_counts(session))
+
+
+@router.get("/{name}/report", response_model=TeamReport, responses=error_responses(403, 404))
+def report_team(
+    name: str,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    since: Annotated[
+        str, Query(max_length=40, description="7d, 12h, 30m back from now, or an ISO 8601 time")
+    ] = "7d",
+) -> TeamReport:
+    """GPU-hours the team's jobs held since then, productive and lost by cause, and their cost
+    (your own team; any team for admins)."""
+    team = session.exec(select(Team).where(Team.name == name)).first()
+    if team is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no team {name!r}")
+    if team.id != user.team_id and not user.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="only admins see other teams")
+    now = datetime.now(UTC)
+    try:
+        start = parse_since(since, now)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    return team_report(session, team, start, now, settings.cluster_profiles())
 
 
 def _check_roots(session: Session, settings: Settings, team: Team, roots: list[str]) -> None:
