@@ -57,6 +57,8 @@ class WorkerSettings(BaseModel):
     # How often a reconcile pass reads a Kubernetes namespace's GPU quota, which bounds what
     # admission starts there (workers.cluster_bounds).
     cluster_bound_interval_s: float = Field(default=30.0, gt=0)
+    # How often a reconcile pass looks for hung attempts (workers.health).
+    health_interval_s: float = Field(default=10.0, gt=0)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
     # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
