@@ -62,6 +62,8 @@ class WorkerSettings(BaseModel):
     # and how many new ones on a cluster refit its calibration (docs/advisor.md).
     learn_interval_s: float = Field(default=30.0, gt=0)
     refit_after: int = Field(default=5, ge=1)
+    # How often a reconcile pass looks for hung attempts (workers.health).
+    health_interval_s: float = Field(default=10.0, gt=0)
     python: str | None = None  # interpreter for local/slurm launches; default: this one
     # Serve this process's (and its pool's) Prometheus metrics on this port; None: not served.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

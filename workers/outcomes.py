@@ -46,6 +46,7 @@ from service.settings import Settings
 from workers.backends.base import BackendState, BackendStatus
 from workers.disruption import requeue, retry_same_plan
 from workers.escalate import escalate
+from workers.health import HANG_EVIDENCE
 from workers.replacement import another_cluster, move_elsewhere
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,10 @@ def launch_failed(
 
 
 def diagnose(attempt: Attempt, status: BackendStatus) -> Diagnosis:
-    """Class, lines and numbers of a finished failure, the runtime's own report included."""
+    """Class, lines and numbers of a finished failure, the runtime's own report included; an
+    attempt zeropilot stopped as hung is ``HANG`` however its processes ended."""
+    if hung := attempt.failure_evidence.get(HANG_EVIDENCE):
+        return Diagnosis(FailureClass.HANG, "zeropilot", (f"hung: {hung}",))
     reported = attempt.runtime_evidence.get("failure", {})
     diagnosis = diagnose_failure(
         exit_code=status.exit_code,

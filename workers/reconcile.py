@@ -29,7 +29,7 @@ from service.db.models import Attempt, Job, new_id, utcnow
 from service.db.preemption import Stop, choose_stops
 from service.db.reconcile_lease import release_lease, take_lease
 from service.db.session import session_scope
-from service.db.transitions import move_attempt, move_job
+from service.db.transitions import move_attempt, move_job, note_attempt
 from service.metrics import (
     RECONCILE_ATTEMPTS_POLLED,
     RECONCILE_CLUSTER_CALLS,
@@ -41,6 +41,7 @@ from workers.backends import get_backend
 from workers.backends.base import BackendState, BackendStatus, TemporaryError
 from workers.backends.calls import calls_sent
 from workers.cluster_bounds import read_cluster_bounds
+from workers.health import HANG_EVIDENCE, ask_for_stacks, find_hung
 from workers.outcomes import run_ended
 from workers.retention import jobs_with_unchecked_checkpoints, retain
 from workers.waiting_placement import replace_waiting
@@ -93,6 +94,7 @@ def _reconcile_pass(settings: Settings, holder: str) -> None:
         )
         send_task(settings.broker_url, LAUNCH_ATTEMPT, attempt_id)
     counts = _poll_clusters(settings, holder)
+    _stop_hung(settings)
     _retain_checkpoints(settings)
     _report_pass(settings, time.monotonic() - started, counts)
 
@@ -180,6 +182,29 @@ def _report_pass(settings: Settings, seconds: float, counts: list[PollCounts]) -
             sum(c.calls for c in counts),
             ", ".join(f"{c.backend}: {c.attempts} in {c.seconds:.2f} s" for c in counts),
         )
+
+
+def _stop_hung(settings: Settings) -> None:
+    """Running attempts that stopped making progress: their stacks asked for, then stopped
+    (workers.health); one broken attempt must not stop the others'."""
+    try:
+        hung = find_hung(settings)
+    except Exception:
+        log.exception("the hang watch failed")
+        return
+    for attempt_id in hung:
+        try:
+            with session_scope(settings.database_url) as session:
+                attempt = session.get(Attempt, attempt_id)
+                job = session.get(Job, attempt.job_id) if attempt else None
+                if attempt is None or job is None:
+                    continue
+                stacks = ask_for_stacks(settings, attempt, job)
+                why = attempt.failure_evidence.get(HANG_EVIDENCE, "")
+                note_attempt(session, attempt, f"hung: {why}; {stacks}; stopping it")
+                send_stop(session, settings, job, attempt)
+        except Exception as exc:
+            _log_failure(f"of hung attempt {attempt_id}", exc, attempt_id)
 
 
 def _retain_checkpoints(settings: Settings) -> None:
@@ -274,7 +299,7 @@ def reconcile_attempt(
         if status.state.terminal:  # what follows is service.core.outcomes' to decide
             next_launch = run_ended(session, settings, job, attempt, status)
         else:
-            if job.status == JobStatus.CANCELLED or job.stopping_for:  # the stop goes on
+            if stopping(job, attempt):  # the stop goes on
                 send_stop(session, settings, job, attempt)
             if job.status != JobStatus.CANCELLED:
                 _follow(session, job, attempt, status)
@@ -310,6 +335,13 @@ def send_stop(session: Session, settings: Settings, job: Job, attempt: Attempt) 
     assert attempt.backend_ref is not None
     profile = settings.cluster_profiles()[job.cluster]
     get_backend(profile.kind).cancel(profile, attempt.backend_ref, attempt.stop_grace_s)
+
+
+def stopping(job: Job, attempt: Attempt) -> bool:
+    """Whether zeropilot is stopping the attempt: its job cancelled or preempted, or a stop it
+    began of its own (a hang), which each pass sends again until the attempt has ended."""
+    stopped = job.status == JobStatus.CANCELLED or bool(job.stopping_for)
+    return stopped or attempt.stop_grace_s is not None
 
 
 def _follow(session: Session, job: Job, attempt: Attempt, status: BackendStatus) -> None:

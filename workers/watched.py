@@ -27,6 +27,7 @@ class Watched:
     failure_message: str
     job_status: str
     stopping_for: str | None
+    stop_begun: bool = False  # zeropilot began stopping it (a grace was chosen): a hang, say
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ def active_attempts(settings: Settings) -> list[Watched]:
             col(Attempt.failure_message),
             col(Job.status),
             col(Job.stopping_for),
+            col(Attempt.stop_grace_s).is_not(None),
         )
         .join(Job, col(Job.id) == Attempt.job_id)
         .where(col(Attempt.status).in_(ACTIVE_ATTEMPT), col(Attempt.backend_ref).is_not(None))
@@ -93,8 +95,13 @@ def pending_note(watched: Watched, status: BackendStatus) -> dict[str, str] | No
 
 
 def _being_stopped(watched: Watched) -> bool:
-    """Cancelled, or stopping for a preemptor: each pass sends the stop again."""
-    return watched.job_status == JobStatus.CANCELLED or bool(watched.stopping_for)
+    """Cancelled, stopping for a preemptor, or a stop zeropilot began (a hang): each pass
+    sends the stop again."""
+    return (
+        watched.job_status == JobStatus.CANCELLED
+        or bool(watched.stopping_for)
+        or watched.stop_begun
+    )
 
 
 def write_pending_notes(settings: Settings, notes: list[dict[str, str]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import json
 import math
 import os
@@ -153,7 +154,8 @@ class Reporter:
     def watch_for_stop(self) -> None:
         """Turn SIGTERM into a request to save and stop at the end of the current step (call
         it once, from the main thread, before training). zeropilot stops every attempt this
-        way (a cancel, a preemption, a drain) and sends SIGKILL only after the grace period."""
+        way (a cancel, a preemption, a drain) and sends SIGKILL only after the grace period.
+        SIGUSR1 prints every thread's Python stack to stderr (zeropilot asks a hung job)."""
 
         def on_term(_signum: int, _frame: Any) -> None:
             if not self._stop_signal:
@@ -161,6 +163,8 @@ class Reporter:
             self._stop_signal = True
 
         signal.signal(signal.SIGTERM, on_term)
+        # zeropilot asks a hung job's ranks for their stacks: printed into this rank's log.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def stop_requested(self) -> bool:
         """Whether to save and stop now. Call it at the same point of every step on every rank:

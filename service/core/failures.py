@@ -29,6 +29,9 @@ class FailureClass(StrEnum):
     OOM_HOST = "OOM_HOST"  # host memory: OOM killer, cgroup limit, Slurm OUT_OF_MEMORY, OOMKilled
     NCCL_TIMEOUT = "NCCL_TIMEOUT"  # a collective hung until the process-group watchdog fired
     NCCL_ERROR = "NCCL_ERROR"  # the communicator failed for another reason
+    HANG = (
+        "HANG"  # no step for well past its own pace: zeropilot stopped it (service.core.progress)
+    )
     NODE_LOST = "NODE_LOST"  # node failure, preemption, eviction: not the job's fault
     LAUNCH_ERROR = "LAUNCH_ERROR"  # image, command or quota: the training never started
     USER_ERROR = "USER_ERROR"  # any other non-zero exit of the training code

@@ -164,8 +164,8 @@ def _disruption_kind(ending: Ending, failure: FailureClass) -> AttemptKind | Non
         return AttemptKind.DISRUPTION
     if failure == FailureClass.PREEMPTED:
         return AttemptKind.STOP
-    if failure in (FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR):
-        return AttemptKind.FAULT_RETRY  # the communicator, almost never the user's code
+    if failure in (FailureClass.NCCL_TIMEOUT, FailureClass.NCCL_ERROR, FailureClass.HANG):
+        return AttemptKind.FAULT_RETRY  # the communicator or a node, almost never the user's code
     return None
 
 

@@ -245,6 +245,17 @@ class EscalationSpec(Strict):
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 4
 
 
+class HealthSpec(Strict):
+    """When a running attempt counts as hung (service.core.progress): no step for the longer
+    of ``hang_floor_s`` and ``hang_factor`` x its step time, or none ``first_step_s`` after it
+    started. A hung attempt's ranks print their stacks, it is stopped and resumed."""
+
+    watch: bool = True
+    hang_floor_s: Annotated[float, Field(ge=1, le=86_400)] = 300.0
+    hang_factor: Annotated[float, Field(ge=2, le=1000)] = 10.0
+    first_step_s: Annotated[float, Field(ge=10, le=86_400)] = 1800.0
+
+
 class JobSpec(Strict):
     """One training job as a team submits it."""
 
@@ -262,6 +273,7 @@ class JobSpec(Strict):
     zero: ZeroSpec = Field(default_factory=ZeroSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     escalation: EscalationSpec = Field(default_factory=EscalationSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
     priority: Annotated[int, Field(ge=0, le=100)] = 50
 
     @model_validator(mode="after")

@@ -148,8 +148,8 @@ def test_out_of_memory_without_escalation_fails() -> None:
     )
 
 
-@pytest.mark.parametrize("failure", [F.NCCL_TIMEOUT, F.NCCL_ERROR])
-def test_a_failed_collective_runs_the_same_plan_again_on_its_own_budget(
+@pytest.mark.parametrize("failure", [F.NCCL_TIMEOUT, F.NCCL_ERROR, F.HANG])
+def test_a_failed_collective_or_a_hang_runs_the_same_plan_again_on_its_own_budget(
     failure: FailureClass,
 ) -> None:
     used = (K.ADVISOR, *[K.FAULT_RETRY] * (MAX_FAULT_RETRIES - 1))

@@ -105,6 +105,11 @@ class Backend(Protocol):
         ``request`` is the launch that returned ``ref``."""
         ...
 
+    def dump_stacks(self, profile: ClusterProfile, ref: str) -> str:
+        """Ask the attempt's training processes to print their Python stacks into their logs
+        (the runtime's SIGUSR1 handler); what was done, or why not, in words."""
+        ...
+
     def cancel(self, profile: ClusterProfile, ref: str, grace_s: float = ...) -> None:
         """Stop every process of the attempt: SIGTERM (the training saves), SIGKILL after
         ``grace_s``; a no-op when it has already ended."""

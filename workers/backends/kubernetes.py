@@ -442,6 +442,11 @@ def log_path(ref: str, request: LaunchRequest | None = None) -> str | None:
     return str(node_log).replace("{index}", "0") if node_log is not None else None
 
 
+def dump_stacks(profile: ClusterProfile, ref: str) -> str:
+    """Not yet: the ranks' stacks are collected on the local backend only."""
+    return "no stacks asked for: not collected on Kubernetes yet"
+
+
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
     """The graceful stop. Pods still running are deleted with ``grace_s`` as their grace
     (their kubelet sends SIGTERM now and SIGKILL once it has passed) and the Job is marked, so

@@ -32,6 +32,7 @@ from workers.backends.base import (
     PermanentError,
     poll_each,
 )
+from workers.backends.local_supervisor import training_processes
 from workers.render import (
     launcher_argv,
     make_private_dir,
@@ -125,6 +126,19 @@ def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) 
     for pid in json.loads(_read(attempt_dir / "nodes.json") or "[]"):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def dump_stacks(profile: ClusterProfile, ref: str) -> str:
+    """SIGUSR1 to every rank (not their launchers, which it would end)."""
+    ranks = [
+        pid
+        for leader in json.loads(_read(Path(ref) / "nodes.json") or "[]")
+        for pid in training_processes(int(leader))
+    ]
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    return f"asked its {len(ranks)} training processes for their stacks (in their logs)"
 
 
 def log_path(ref: str, request: LaunchRequest | None = None) -> str:

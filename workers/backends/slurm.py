@@ -198,6 +198,11 @@ def log_path(ref: str, request: LaunchRequest | None = None) -> str:
     return str(log_file(attempt_dir, job_id))
 
 
+def dump_stacks(profile: ClusterProfile, ref: str) -> str:
+    """Not yet: the ranks' stacks are collected on the local backend only."""
+    return "no stacks asked for: not collected on Slurm yet"
+
+
 def cancel(profile: ClusterProfile, ref: str, grace_s: float = DEFAULT_GRACE_S) -> None:
     """The graceful stop, one step per call (the reconcile calls it each pass until the job has
     ended): first SIGTERM to the job's steps only, which the node script passes to the training
