@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from service.core.failures import FailureClass
+
 
 class Cause(StrEnum):
     PRODUCTIVE = "productive"  # steps whose result was kept (resumed from, or the final result)
@@ -26,7 +28,7 @@ class Cause(StrEnum):
 
 
 LOST_CAUSES = tuple(cause for cause in Cause if cause != Cause.PRODUCTIVE)
-HANG_CLASS = "HANG"  # the failure class of an attempt stopped as hung (service.core.failures)
+HANG_CLASS = FailureClass.HANG  # an attempt zeropilot stopped as hung (service.core.progress)
 
 
 @dataclass(frozen=True)
