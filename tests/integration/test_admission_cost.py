@@ -29,7 +29,7 @@ from service.api.app import create_app
 from service.core.advisor import advise
 from service.core.clusters import LOCAL_PROFILE, ClusterProfile
 from service.core.spec import JobSpec
-from service.db import plain
+from service.db import calibrations, plain
 from service.db.admission import admit_pending
 from service.db.jobs import spec_digest
 from service.db.migrate import upgrade
@@ -60,6 +60,13 @@ def pg_settings(postgres_url: str, redis_url: str, tmp_path: Path) -> Settings:
         broker=BrokerSettings(url=redis_url),
         auth=AuthSettings(secret_key="test-secret-key"),
     )
+
+
+@pytest.fixture(autouse=True)
+def _calibration_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process reads a cluster's calibration again after ``REFRESH_S`` (5 s); storing a
+    backlog of 1,000 jobs takes longer, and these tests count what the backlog costs."""
+    monkeypatch.setattr(calibrations, "REFRESH_S", 3600.0)
 
 
 @pytest.fixture

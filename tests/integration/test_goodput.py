@@ -174,7 +174,9 @@ def test_the_report_prices_the_hours_and_guards_other_teams(
     bob = auth(shared_tokens["bob"])
     assert shared_client.get("/v1/teams/vision/report", headers=bob).status_code == 403
     odd = shared_client.get("/v1/teams/speech/report?since=a+week", headers=bob)
-    assert odd.status_code == 422 and "7d, 12h, 30m" in odd.json()["detail"]
+    (refused,) = odd.json()["detail"]
+    assert odd.status_code == 422 and refused["loc"] == ["query", "since"]
+    assert "7d, 12h, 30m" in refused["msg"]
 
 
 def test_status_and_report_print_them(

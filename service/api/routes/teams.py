@@ -82,8 +82,9 @@ def report_team(
     now = datetime.now(UTC)
     try:
         start = parse_since(since, now)
-    except ValueError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    except ValueError as exc:  # the 422 shape of every other refused query parameter
+        detail = [{"loc": ["query", "since"], "msg": str(exc), "type": "value_error"}]
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from exc
     return team_report(session, team, start, now, settings.cluster_profiles())
 
 
