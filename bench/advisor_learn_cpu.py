@@ -38,6 +38,7 @@ from sqlmodel import Session, select
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.submit_to_done import free_port, start_up  # noqa: E402  (one way to start zeropilot up)
 from service.core.advisor.calibration import WARMUP_STEPS  # noqa: E402
 from service.core.advisor.models import Candidate  # noqa: E402
 from service.core.advisor.step_time import predict_step_time  # noqa: E402
@@ -68,7 +69,7 @@ def main() -> None:
         LEARNT[:] = [(*shape[:5], max(shape[5], 1)) for shape in LEARNT]
     with tempfile.TemporaryDirectory(prefix="zp-learn-") as folder:
         env = _environment(Path(folder))
-        server = _start(env)
+        server = start_up(env)
         try:
             _run(env, Path(folder), args.steps)
         finally:
@@ -208,34 +209,11 @@ def _environment(folder: Path) -> dict[str, str]:
     env.update(
         ZEROPILOT_DATA_DIR=str(folder / "data"),
         XDG_CONFIG_HOME=str(folder / "config"),
-        ZEROPILOT_API__PORT=str(_free_port()),
+        ZEROPILOT_API__PORT=str(free_port()),
         ZEROPILOT_WORKERS__LEARN_INTERVAL_S="2",
         ZEROPILOT_WORKERS__REFIT_AFTER=str(len(LEARNT)),
     )
     return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _start(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = Path(env["ZEROPILOT_DATA_DIR"]).parent / "up.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "zeropilot.cli", "up"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while "zeropilot is up" not in log.read_text(errors="replace"):
-        if time.monotonic() > deadline or server.poll() is not None:
-            raise SystemExit(f"zeropilot up did not start:\n{log.read_text()}")
-        time.sleep(0.5)
-    return server
 
 
 if __name__ == "__main__":

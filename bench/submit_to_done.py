@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="zp-bench-") as folder:
         env = _environment(Path(folder))
-        server = _start(env)
+        server = start_up(env)
         try:
             rows = [_pair(env, args.spec, Path(folder), number) for number in range(args.pairs)]
         finally:
@@ -66,12 +66,12 @@ def _environment(folder: Path) -> dict[str, str]:
     env.update(
         ZEROPILOT_DATA_DIR=str(folder / "data"),
         XDG_CONFIG_HOME=str(folder / "config"),
-        ZEROPILOT_API__PORT=str(_free_port()),
+        ZEROPILOT_API__PORT=str(free_port()),
     )
     return env
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as probe:
@@ -79,7 +79,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start(env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_up(env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = Path(env["ZEROPILOT_DATA_DIR"]).parent / "up.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
