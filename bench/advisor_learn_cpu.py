@@ -38,7 +38,7 @@ from sqlmodel import Session, select
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.submit_to_done import free_port, start_up  # noqa: E402  (one way to start zeropilot up)
+from bench.submit_to_done import free_port, latest_job, start_up  # noqa: E402  (one way to start zeropilot up)
 from service.core.advisor.calibration import WARMUP_STEPS  # noqa: E402
 from service.core.advisor.models import Candidate  # noqa: E402
 from service.core.advisor.step_time import predict_step_time  # noqa: E402
@@ -165,20 +165,7 @@ def _submit(env: dict[str, str], folder: Path, shape: tuple[int, ...], steps: in
     )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"zeropilot submit failed:\n{done.stdout}\n{done.stderr}")
-    return _latest_job(env)
-
-
-def _latest_job(env: dict[str, str]) -> Any:
-    listed = subprocess.run(
-        [sys.executable, "-m", "zeropilot.cli", "list", "--limit", "1", "--json"],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    job_id = json.loads(listed.stdout)["data"][0]["id"]
-    shown = subprocess.run(
-        [sys.executable, "-m", "zeropilot.cli", "status", job_id, "--json"],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return json.loads(shown.stdout)
+    return latest_job(env)
 
 
 def _observation(settings: Settings, attempt_id: str) -> AttemptObservation:

@@ -103,7 +103,7 @@ def _pair(env: dict[str, str], spec: Path, folder: Path, number: int) -> dict[st
     ours, ended_at = time.monotonic() - started, time.time()
     if done.returncode != 0:
         raise SystemExit(f"zeropilot submit failed:\n{done.stdout}\n{done.stderr}")
-    job = _latest_job(env)
+    job = latest_job(env)
     attempt_dir = Path(env["ZEROPILOT_DATA_DIR"]) / "attempts" / job["attempts"][-1]["backend_name"]
     exited_at = json.loads((attempt_dir / "result.json").read_text())["at"]
     succeeded = next(
@@ -134,7 +134,7 @@ def _event_time(event: dict[str, Any]) -> float:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
-def _latest_job(env: dict[str, str]) -> dict[str, Any]:
+def latest_job(env: dict[str, str]) -> dict[str, Any]:
     listed = subprocess.run(
         [sys.executable, "-m", "zeropilot.cli", "list", "--limit", "1", "--json"],
         env=env, capture_output=True, text=True, check=True,
