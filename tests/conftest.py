@@ -94,6 +94,36 @@ def no_kubernetes_watches_left_behind() -> Iterator[None]:
     kubernetes_watch.stop_all()
 
 
+# Tests that need the machine's one Slurm cluster or the session's Kubernetes control plane:
+# `--part clusters` runs just these, `--part rest` the others, so that scripts/test.sh can run
+# the two parts side by side without two runs sharing a cluster.
+CLUSTER_FIXTURES = frozenset({"slurm_cluster", "kube_control_plane"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part",
+        choices=("clusters", "rest"),
+        help="only the tests that use the Slurm cluster or Kubernetes control plane, or the rest",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--part")
+    if part is None:
+        return
+    wanted = part == "clusters"
+    kept = [item for item in items if uses_a_cluster(item) == wanted]
+    dropped = [item for item in items if uses_a_cluster(item) != wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def uses_a_cluster(item: pytest.Item) -> bool:
+    return not CLUSTER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
 _TIER_SECONDS: dict[str, float] = {}
 
 
