@@ -572,8 +572,10 @@ async function teamsView() {
   const screen = current();
   const teams = el("tbody", { id: "teams" });
   const queue = el("tbody", { id: "queue" });
+  const timeline = el("div", { id: "timeline" });
   const refresh = async () => {
-    const [rows, waiting] = await Promise.all([api("/v1/teams"), api("/console/api/queue")]);
+    const [rows, waiting, plan] = await Promise.all([api("/v1/teams"), api("/console/api/queue"), api("/console/api/timeline")]);
+    fill(timeline, ...timelineView(plan));
     fill(teams, ...rows.map((t) => el("tr", { "data-team": t.name }, el("td", {}, el("b", {}, t.name)),
       el("td", {}, quotaBar(t.gpus_held, t.gpu_quota)), el("td", {}, String(t.gpus_borrowed)), el("td", {}, String(t.gpus_lent)),
       el("td", {}, t.gpu_borrow_limit === null ? "none" : String(t.gpu_borrow_limit)),
@@ -585,11 +587,78 @@ async function teamsView() {
   };
   screen.show(el("div", { class: "card" }, el("h1", {}, "Teams"), el("p", { class: "muted small" }, me.is_admin ? "Every team (you are an admin)." : "Your team."),
     el("table", {}, el("thead", {}, el("tr", {}, ["team", "GPUs held / quota", "borrowed", "lent", "borrow limit", "fair share", "jobs waiting"].map((h) => el("th", {}, h)))), teams)),
+  el("div", { class: "card" }, el("h2", {}, "Timeline, per cluster"),
+    el("p", { class: "muted small" }, "Jobs holding GPUs until their predicted end, waiting jobs from their predicted start to their end (docs/scheduling.md); times in UTC. Hover a bar for what its prediction rests on."),
+    el("div", { class: "legend" }, el("span", {}, el("i", { style: "background:#2f5fd0" }), "holding GPUs"),
+      el("span", {}, el("i", { style: "background:#6b5bd2" }), "waiting: predicted start to end"),
+      el("span", {}, el("i", { style: "background:#c5c0ef;outline:1px dashed #1d2330" }), "end not known")),
+    timeline),
   el("div", { class: "card" }, el("h2", {}, "Queue, in admission order"),
     el("p", { class: "muted small" }, "Higher priority first, then the team holding the fewest GPUs per share, then the oldest."),
     el("table", {}, el("thead", {}, el("tr", {}, ["#", "job", "team", "cluster", "GPUs", "priority", "waiting", "why"].map((h) => el("th", {}, h)))), queue)));
   await refresh();
   screen.every(3000, () => refresh().catch(() => {}));
+}
+// ---------- timeline: one lane per job, a bar from its start to its predicted end ----------
+const TIME_STEPS = [10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function timelineView(plan) {
+  if (!plan.clusters.length) return [el("p", { class: "muted" }, "No job holds or waits for GPUs.")];
+  return plan.clusters.map((c) => el("div", { class: "timeline", "data-cluster": c.cluster },
+    el("h3", {}, `cluster ${c.cluster}`, el("span", { class: "muted small" }, ` · ${c.holding.length} holding GPUs, ${c.waiting.length} waiting`)),
+    timelineChart(c, utc(plan.now).getTime())));
+}
+function timelineChart(cluster, now) {
+  const rows = [...cluster.holding.map((b) => ({ ...b, kind: "holding" })), ...cluster.waiting.map((b) => ({ ...b, kind: "waiting" }))];
+  const ms = (iso) => (iso ? utc(iso).getTime() : null);
+  const known = rows.flatMap((b) => [ms(b.start_at), ms(b.end_at)]).filter((t) => t !== null);
+  const t0 = Math.min(now, ...known);
+  let t1 = Math.max(now, ...known);
+  const open = rows.some((b) => b.start_at && !b.end_at);
+  t1 = t1 + Math.max((t1 - t0) * (open ? 0.3 : 0.04), 30000);  // room after the last end (or for an open end)
+  const W = 1180, L = 300, R = 16, T = 22, lane = 28, H = T + rows.length * lane + 8;
+  const x = (t) => L + (W - L - R) * (t - t0) / (t1 - t0);
+  const parts = [];
+  const step = 1000 * (TIME_STEPS.find((s) => (t1 - t0) / (s * 1000) <= 8) || 86400 * 7);
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+    parts.push(svg("line", { class: "grid", x1: x(t), x2: x(t), y1: T - 4, y2: H }),
+      svg("text", { x: x(t), y: 12, "text-anchor": "middle", "font-size": 11, fill: "#667085" }, fmtClock(t)));
+  }
+  rows.forEach((b, i) => {
+    const y = T + i * lane, start = ms(b.start_at), end = ms(b.end_at);
+    const label = `${b.name} · ${b.team} · ${b.gpus} GPU${b.gpus === 1 ? "" : "s"}`;
+    const tip = `${b.name} (${b.status}): ${start ? fmtClock(start) : "start not known"} → ${end ? fmtClock(end) : "end not known"}\n${b.basis}`;
+    const lanes = [svg("text", { class: "label", x: L - 8, y: y + 15, "text-anchor": "end", "font-size": 12 }, label)];
+    if (start === null && b.kind === "waiting") {
+      lanes.push(svg("text", { class: "why", x: L + 4, y: y + 15, "font-size": 12, fill: "#b76e00" }, unknownWhy(b)));
+    } else {
+      const from = x(start === null ? now : start), to = end === null ? W - R : x(end);
+      lanes.push(svg("rect", { class: `bar ${b.kind}${end === null ? " open" : ""}`, x: from, y: y + 3, width: Math.max(2, to - from), height: 18, rx: 3 }, svg("title", {}, tip)));
+      const words = end === null ? unknownWhy(b) : `ends ${fmtClock(end)} (${fmtIn(end - now)})`;
+      lanes.push(barLabel(words, from, to, end === null, { L, W, R, y }));
+    }
+    parts.push(svg("g", { class: `lane ${b.kind}`, "data-job": b.id, "data-start": start ?? "", "data-end": end ?? "" }, lanes));
+  });
+  parts.push(svg("line", { class: "now", x1: x(now), x2: x(now), y1: T - 6, y2: H, "data-at": now }),
+    svg("text", { x: x(now) + 3, y: H - 2, "font-size": 11, fill: "#c0362c" }, "now"));
+  return svg("svg", { class: "timeline-chart", viewBox: `0 0 ${W} ${H}`, width: "100%", "data-t0": t0, "data-t1": t1,
+    "data-left": L, "data-width": W - L - R }, parts);
+}
+function barLabel(words, from, to, open, { L, W, R, y }) {
+  // After the bar where there is room; an open bar's words before it, else inside it.
+  const at = { class: "bar-label", y: y + 16, "font-size": 11 };
+  if (!open && W - R - to > 150) return svg("text", { ...at, x: to + 6, fill: "#667085" }, words);
+  if (open && from - L > 6.2 * words.length) return svg("text", { ...at, x: from - 6, "text-anchor": "end", fill: "#b76e00" }, words);
+  return svg("text", { ...at, x: from + 6, fill: open ? "#1d2330" : "#fff" }, words);
+}
+function unknownWhy(b) {
+  if (!b.start_at && b.kind === "waiting") return b.basis.startsWith("not predicted") ? b.basis : `start not known: ${b.basis.replace(/^start not known: /, "")}`;
+  return `end not known: ${b.basis.replace(/^.*run: /, "").replace(/^end: /, "")}`;
+}
+function fmtClock(t) { return new Date(t).toISOString().slice(11, 19); }
+function fmtIn(ms) {
+  const s = Math.round(Math.abs(ms) / 1000), sign = ms < 0 ? "ago" : "";
+  const words = s < 90 ? `${s} s` : s < 5400 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
+  return sign ? `${words} ago` : `in ${words}`;
 }
 function quotaBar(held, quota) {
   const W = 220, fill = quota ? Math.min(1, held / quota) : 0;
