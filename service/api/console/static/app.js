@@ -144,7 +144,7 @@ async function route() {
   out.hidden = false;
   const [, page, id] = (location.hash || "#/jobs").split("/");
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === page));
-  const views = { jobs: () => (id ? jobView(decodeURIComponent(id)) : jobsView()), advisor: advisorView, teams: teamsView };
+  const views = { jobs: () => (id ? jobView(decodeURIComponent(id)) : jobsView()), advisor: advisorView, calibration: calibrationView, teams: teamsView };
   try { await (views[page] || jobsView)(); } catch (e) { if (mine === generation) show(errorBox(e)); }
 }
 const errorBox = (e) => el("div", { class: "card error" }, String(e.message || e));
@@ -565,6 +565,92 @@ function barChart(candidates, budget, top, isPlan, id) {
 function candidateLabel(c) {
   const offload = c.offload_param === "cpu" ? " +offload(opt+params)" : c.offload_optimizer === "cpu" ? " +offload(opt)" : "";
   return `ZeRO-${c.zero_stage}${offload}${c.activation_checkpointing ? " +ckpt" : ""} mb=${c.micro_batch_size}×${c.gradient_accumulation_steps}`;
+}
+
+// ---------- calibration: the advisor's predictions against what runs measured ----------
+const pct = (v) => (v === null || v === undefined ? "—" : `${v >= 0 ? "+" : "−"}${Math.abs(v * 100).toFixed(1)}%`);
+const fmtMs = (s) => (s === null || s === undefined ? "—" : `${(s * 1000).toFixed(1)} ms`);
+async function calibrationView() {
+  const screen = current();
+  const clusters = await api("/console/api/calibration");
+  screen.show(el("div", { class: "card" }, el("h1", {}, "Calibration"),
+    el("p", { class: "muted" }, "Each observed run's step time and memory peak: measured (x) against the advisor's prediction (y) with this cluster's calibrated constants (filled), and as its plan said when it was made (hollow, joined to it). On the diagonal the prediction is exact; the dashed lines are the fit's typical error (docs/advisor.md).")),
+  clusters.map(clusterCalibration));
+}
+function calibrationSummary(c) {
+  const state = c.frozen ? " (frozen)" : "";
+  if (!c.observations) return `The advisor's own constants${state}: not calibrated here yet.`;
+  const source = c.imported_from ? `, imported from cluster ${c.imported_from} until its own runs refit` : "";
+  return `Calibrated on ${c.observations} run${c.observations === 1 ? "" : "s"}${source}${state}, typical step-time error ${(c.typical_error * 100).toFixed(0)}%; memory: ${c.memory_reason}.`;
+}
+function clusterCalibration(c) {
+  const head = el("div", { class: "row" }, el("h2", { style: "flex:1;margin:0" }, `cluster ${c.cluster}`, el("span", { class: "muted small" }, ` · ${c.accelerator}`)));
+  if (!c.runs.length) {
+    return el("div", { class: "card calibration", "data-cluster": c.cluster }, head, el("p", { class: "summary" }, calibrationSummary(c)),
+      el("p", { class: "muted empty" }, "No observed run on this cluster yet: a run is learnt from once it ends with enough steady steps."));
+  }
+  const steps = c.runs.map((r) => ({ id: r.attempt_id, x: r.measured_step_s, y: r.predicted_step_s, then: r.planned_step_s, learnt: r.learnt, tip: `${r.plan}: measured ${fmtMs(r.measured_step_s)}, predicted ${fmtMs(r.predicted_step_s)} (${pct(r.step_error)}); when planned ${fmtMs(r.planned_step_s)} (${pct(r.planned_step_error)})` }));
+  const peaks = c.runs.filter((r) => r.measured_peak_bytes).map((r) => ({ id: r.attempt_id, x: r.measured_peak_bytes, y: r.predicted_peak_bytes, then: r.planned_peak_bytes, learnt: r.learnt, tip: `${r.plan}: needed ${fmtBytes(r.measured_peak_bytes)}, predicted ${fmtBytes(r.predicted_peak_bytes)} (${pct(r.peak_error)})` }));
+  const band = c.observations ? c.typical_error : null;
+  return el("div", { class: "card calibration", "data-cluster": c.cluster }, head, el("p", { class: "summary" }, calibrationSummary(c)),
+    el("div", { class: "grid2 plain" },
+      el("div", {}, el("h3", {}, "Step time"), scatterChart(`step-scatter-${c.cluster}`, steps, MS, band)),
+      el("div", {}, el("h3", {}, "Memory peak per GPU (per rank on CPU)"), peaks.length ? scatterChart(`peak-scatter-${c.cluster}`, peaks, bytesUnit(peaks), null) : el("p", { class: "muted" }, "No run reported its peak."))),
+    el("div", { class: "legend" }, el("span", {}, el("i", { style: "background:#2f5fd0" }), "calibrated, learnt from"),
+      el("span", {}, el("i", { style: "background:#d9480f" }), "calibrated, newer than the fit"),
+      el("span", {}, el("i", { style: "background:#fff;outline:1.5px solid #667085" }), "as planned then")),
+    runsTable(c.runs));
+}
+function runsTable(runs) {
+  const head = ["attempt", "plan", "neighbours", "step measured", "predicted", "error", "planned then", "error", "peak needed", "predicted", "error"];
+  return lazyDetails(`The ${runs.length} run${runs.length === 1 ? "" : "s"} in numbers`, () => el("table", { class: "runs" },
+    el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))),
+    el("tbody", {}, runs.map((r) => el("tr", { "data-attempt": r.attempt_id },
+      el("td", {}, el("a", { href: `#/jobs/${r.job_id}` }, r.attempt_id), r.learnt ? null : el("div", { class: "muted small" }, "newer than the fit")),
+      el("td", { class: "small" }, r.plan), el("td", {}, String(r.neighbours)),
+      el("td", {}, fmtMs(r.measured_step_s)), el("td", {}, fmtMs(r.predicted_step_s)), el("td", {}, pct(r.step_error)),
+      el("td", {}, fmtMs(r.planned_step_s)), el("td", {}, pct(r.planned_step_error)),
+      el("td", {}, fmtBytes(r.measured_peak_bytes)), el("td", {}, fmtBytes(r.predicted_peak_bytes)), el("td", {}, pct(r.peak_error)))))));
+}
+function scatterChart(id, points, unit, band) {
+  // Measured on x, predicted on y, one scale for both, so that the diagonal is "exact".
+  const W = 560, H = 420, L = 74, R = 24, T = 12, B = 40;
+  const pw = W - L - R, ph = H - T - B;
+  const values = points.flatMap((p) => [p.x, p.y, p.then || p.y]);
+  const lo = Math.min(...values) * 0.85, hi = Math.max(...values) * 1.08;
+  const sx = (v) => L + pw * (v - lo) / (hi - lo), sy = (v) => T + ph * (1 - (v - lo) / (hi - lo));
+  const parts = [];
+  for (const t of ticks(lo / unit.per, hi / unit.per, 5)) {
+    const v = t * unit.per, words = `${+t.toPrecision(4)} ${unit.name}`;
+    parts.push(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(v), y2: sy(v) }), svg("line", { class: "grid", x1: sx(v), x2: sx(v), y1: T, y2: T + ph }),
+      svg("text", { x: L - 6, y: sy(v) + 4, "text-anchor": "end", "font-size": 10 }, words),
+      svg("text", { x: sx(v), y: T + ph + 14, "text-anchor": "middle", "font-size": 10 }, words));
+  }
+  parts.push(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: T + ph }), svg("line", { class: "axis", x1: L, x2: W - R, y1: T + ph, y2: T + ph }),
+    svg("line", { class: "diagonal", x1: sx(lo), y1: sy(lo), x2: sx(hi), y2: sy(hi) }),
+    svg("text", { x: L + pw / 2, y: H - 4, "text-anchor": "middle", "font-size": 11, fill: "#667085" }, "measured"),
+    svg("text", { x: 12, y: T + ph / 2, "text-anchor": "middle", "font-size": 11, fill: "#667085", transform: `rotate(-90 12 ${T + ph / 2})` }, `predicted (above the diagonal: ${unit.above})`));
+  if (band) {
+    for (const f of [1 + band, 1 - band]) {  // predicted = measured x (1 ± the fit's typical error)
+      const x1 = Math.max(lo, lo / f), x2 = Math.min(hi, hi / f);
+      parts.push(svg("line", { class: "band", x1: sx(x1), y1: sy(x1 * f), x2: sx(x2), y2: sy(x2 * f) }));
+    }
+  }
+  for (const p of points) {
+    if (p.then) {
+      parts.push(svg("line", { class: "moved", x1: sx(p.x), y1: sy(p.then), x2: sx(p.x), y2: sy(p.y) }),
+        svg("circle", { class: "planned", r: 3.5, cx: sx(p.x).toFixed(2), cy: sy(p.then).toFixed(2), "data-attempt": p.id, "data-measured": p.x, "data-predicted": p.then }));
+    }
+    parts.push(svg("circle", { class: `point${p.learnt ? "" : " new"}`, r: 4.5, cx: sx(p.x).toFixed(2), cy: sy(p.y).toFixed(2), "data-attempt": p.id, "data-measured": p.x, "data-predicted": p.y },
+      svg("title", {}, p.tip)));
+  }
+  return svg("svg", { id, class: "chart scatter", viewBox: `0 0 ${W} ${H}`, width: "100%", "data-lo": lo, "data-hi": hi,
+    "data-left": L, "data-top": T, "data-width": pw, "data-height": ph }, parts);
+}
+const MS = { per: 0.001, name: "ms", above: "predicted slower" };
+function bytesUnit(points) {
+  const big = Math.max(...points.map((p) => p.x)) >= 1024 ** 3;
+  return { per: big ? 1024 ** 3 : 1024 ** 2, name: big ? "GiB" : "MiB", above: "room to spare" };
 }
 
 // ---------- teams and queue ----------
