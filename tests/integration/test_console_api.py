@@ -210,7 +210,7 @@ def test_spec_parsing_never_fails_on_the_server_and_never_expands(
 QUERY_TEXT = st.text(max_size=30) | st.sampled_from(["%00", "-1", "0", "501", "1e9", "QUEUED"])
 
 
-CONSOLE_READS = ["jobs", "queue", "clusters", "timeline"]
+CONSOLE_READS = ["jobs", "queue", "clusters", "timeline", "calibration"]
 
 
 @FUZZ
