@@ -39,9 +39,14 @@ def rivals(advice: Advice, budgets: Budgets, typical_error: float = 0.0) -> list
         families.setdefault(_family(c), []).append(c)
     others = [_best(own) for key, own in families.items() if key != _family(plan)]
     micro = [c for c in families.get(_family(plan), []) if c != plan]
-    shown = [*sorted(others, key=throughput_key), *sorted(micro, key=lambda c: c.micro_batch_size)]
     chosen = Rival(plan, "chosen", _why_chosen(plan, advice.candidates), 0.0)
-    return [chosen, *(judge(c, plan, budgets, typical_error) for c in shown)]
+    return [
+        chosen,
+        *(_with_unfit_faster(judge(c, plan, budgets, typical_error), families, budgets)
+          for c in sorted(others, key=throughput_key)),
+        *(judge(c, plan, budgets, typical_error)
+          for c in sorted(micro, key=lambda c: c.micro_batch_size)),
+    ]  # fmt: skip
 
 
 def judge(c: Candidate, plan: Candidate, budgets: Budgets, typical_error: float) -> Rival:
@@ -62,6 +67,21 @@ def judge(c: Candidate, plan: Candidate, budgets: Budgets, typical_error: float)
         return Rival(c, "slower", why, slower)
     words = "the article's order prefers " + _preferred(plan, c)
     return Rival(c, "tie", f"ties within {TIE_TOLERANCE:.0%}: {words}", slower)
+
+
+def _with_unfit_faster(
+    rival: Rival, families: dict[tuple[int, int, bool], list[Candidate]], budgets: Budgets
+) -> Rival:
+    """A slower family says why its faster micro-batch is not the plan: it does not fit."""
+    c = rival.candidate
+    faster = [
+        o for o in families[_family(c)] if not o.fits and throughput_key(o) < throughput_key(c)
+    ]
+    if not faster or rival.outcome != "slower":  # a tie or a misfit needs no more words
+        return rival
+    best = min(faster, key=throughput_key)
+    unfit = f"its mb={best.micro_batch_size} does not fit: {_shortfall(best, budgets)}"
+    return Rival(c, rival.outcome, f"{rival.why}; {unfit}", rival.slower_by)
 
 
 def _why_chosen(plan: Candidate, candidates: list[Candidate]) -> str:
