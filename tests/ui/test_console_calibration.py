@@ -95,4 +95,4 @@ def test_the_scatter_draws_each_run_measured_against_predicted(
     expect(row).to_contain_text("newer than the fit")
     expect(row).to_contain_text(f"{runs[late_attempt]['measured_step_s'] * 1000:.1f} ms")
     page.click(f"{card} details summary")  # closed again for the picture
-    page.locator("main").screenshot(path=artifacts / "calibration.png")  # docs/images keeps a copy
+    page.locator("main").screenshot(path=artifacts / "calibration.png")  # synthetic runs
