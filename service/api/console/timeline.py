@@ -8,7 +8,6 @@ picture rest on the same rules. Same visibility as the queue: a member sees thei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,10 +16,9 @@ from pydantic import BaseModel
 from sqlalchemy import Row
 from sqlmodel import Session, col, select
 
+from service.api.console.data import waiting_in_order
 from service.api.deps import CurrentUser, SessionDep
-from service.core.admission import Limits, admit
 from service.core.forecast import UNKNOWN, Holding, predicted_end
-from service.db.admission import as_waiting, held, waiting_jobs
 from service.db.forecast import holding_jobs
 from service.db.models import Job, Team, User, as_utc, utcnow
 
@@ -57,10 +55,9 @@ class Timeline(BaseModel):
 def timeline(user: CurrentUser, session: SessionDep) -> Timeline:
     """Every cluster with a job held or waiting that the user may see."""
     now = utcnow()
-    teams = session.exec(select(Team)).all()
-    names = {team.id: team.name for team in teams if team.id is not None}
+    names = {t.id: t.name for t in session.exec(select(Team)).all() if t.id is not None}
     holding = _holding_bars(session, user, names, now)
-    waiting = _waiting_bars(session, user, teams, names)
+    waiting = _waiting_bars(session, user, names)
     clusters = sorted({bar_cluster for bar_cluster, _bar in [*holding, *waiting]})
     return Timeline(
         now=now,
@@ -95,16 +92,10 @@ def _holding_bar(job: Holding, name: str, status: str, now: datetime) -> Bar:
                start_at=start, end_at=end, basis=basis, predicted_at=now)  # fmt: skip
 
 
-def _waiting_bars(
-    session: Session, user: User, teams: Sequence[Team], names: dict[int, str]
-) -> list[tuple[str, Bar]]:
-    pending = waiting_jobs(session, None if user.is_admin else user.team_id)
-    waiting = [as_waiting(job, names) for job in pending]
-    # With no quota or cap, admission takes every job, in exactly its order of consideration.
-    shares = {team.name: team.gpu_share for team in teams}
-    order = admit(waiting, held(session, names), Limits(team_share=shares)).admitted
-    by_id = {job.id: job for job in pending}
-    return [(by_id[i].cluster, _waiting_bar(by_id[i], names)) for i in order]
+def _waiting_bars(session: Session, user: User, names: dict[int, str]) -> list[tuple[str, Bar]]:
+    return [
+        (job.cluster, _waiting_bar(job, names)) for job in waiting_in_order(session, user, names)
+    ]
 
 
 def _waiting_bar(job: Row[Any], names: dict[int, str]) -> Bar:
