@@ -36,6 +36,7 @@ from service.core.placement import (
     why_not,
 )
 from service.core.spec import JobSpec
+from zeropilot import advice_explain
 from zeropilot.cli_common import console, err, fail, inline_hf_config, print_json, read_mapping
 
 GIB = 1024**3
@@ -124,14 +125,20 @@ def advise(
     as_json: bool,
     chart: Path | None,
     hf_config: Path | None,
+    explain: bool = False,
 ) -> None:
     spec = load_job(file, nodes, gpus_per_node, hf_config)
     if spec.resources.cluster == AUTO:
+        if explain:
+            fail("--explain needs a named cluster: `cluster: auto` compares clusters instead", 2)
         _advise_placement(spec, as_json)
         return
     profile = profile_for(spec, gpu_memory_gib, file)
+    calibration, note, online = None, "", False
+    if explain:  # the server's calibration of this cluster, else the advisor's own constants
+        calibration, note, online = advice_explain.cluster_calibration(profile.name)
     try:
-        advice = advise_job(spec, profile)
+        advice = advise_job(spec, profile, calibration=calibration)
     except NoPlanFits as exc:
         _print_closest(exc, as_json)
         raise typer.Exit(1) from exc
@@ -140,7 +147,9 @@ def advise(
     if chart is not None:
         budget = budget_bytes(profile, DEFAULT_HEADROOM)
         chart.write_text(render_breakdown_svg(advice.candidates, budget, advice.plan))
-    if as_json:
+    if calibration is not None:
+        advice_explain.explain(advice, profile, calibration, note, online, as_json)
+    elif as_json:
         print_json(advice.model_dump(mode="json"))
     else:
         _print_advice(advice, profile)

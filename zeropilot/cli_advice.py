@@ -36,11 +36,21 @@ def advise_command(
         Path | None, typer.Option("--chart", help="Write an SVG of each candidate's memory.")
     ] = None,
     hf_config: HfConfigOpt = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="The plan and runner-ups with the server's calibrated constants and their "
+            "error, and why each other option lost (offline: the advisor's own constants).",
+        ),
+    ] = False,
 ) -> None:
     """Predict per-GPU memory for every DeepSpeed configuration of a job and pick one."""
     from zeropilot import advice_report  # the advisor, loaded by this command alone
 
-    advice_report.advise(file, gpu_memory_gib, nodes, gpus_per_node, as_json, chart, hf_config)
+    advice_report.advise(
+        file, gpu_memory_gib, nodes, gpus_per_node, as_json, chart, hf_config, explain
+    )
 
 
 def lint_command(

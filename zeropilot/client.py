@@ -193,8 +193,10 @@ class Client:
     def update_team(self, name: str, **fields: Any) -> dict[str, Any]:
         return self._call("PATCH", f"/v1/teams/{_segment(name)}", json_body=fields)
 
-    def calibration(self, cluster: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/clusters/{_segment(cluster)}/calibration")
+    def calibration(self, cluster: str, tries: int = READ_TRIES) -> dict[str, Any]:
+        """``tries=1``: one try, for a caller that carries on without the server."""
+        path = f"/v1/clusters/{_segment(cluster)}/calibration"
+        return cast(dict[str, Any], self._send("GET", path, tries=tries).json())
 
     def freeze_calibration(self, cluster: str, frozen: bool) -> dict[str, Any]:
         path = f"/v1/clusters/{_segment(cluster)}/calibration"
@@ -210,11 +212,11 @@ class Client:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         return cast(dict[str, Any], self._send(method, path, **kwargs).json())
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> Response:
+    def _send(self, method: str, path: str, tries: int | None = None, **kwargs: Any) -> Response:
         """One request; a read is tried again after a lost connection or a 503 (honouring
-        Retry-After), up to ``READ_TRIES`` in all. A write is sent once: only ``submit``
-        knows how to send one again safely (its Idempotency-Key)."""
-        tries = READ_TRIES if method == "GET" else 1
+        Retry-After), up to ``READ_TRIES`` in all (or ``tries``). A write is sent once: only
+        ``submit`` knows how to send one again safely (its Idempotency-Key)."""
+        tries = tries or (READ_TRIES if method == "GET" else 1)
         for number in range(1, tries + 1):
             try:
                 return self._send_once(method, path, **kwargs)

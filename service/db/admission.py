@@ -162,7 +162,7 @@ WAITING_COLUMNS = (
     col(Job.priority), col(Job.created_at), col(Job.message), col(Job.preempted_by),
     col(Job.requeued_at), col(Job.steps), col(Job.step_s), col(Job.time_limit_s),
     col(Job.predicted_start_at), col(Job.predicted_end_at), col(Job.prediction_basis),
-    col(Job.first_predicted_start_at), col(Job.first_predicted_at),
+    col(Job.first_predicted_start_at), col(Job.first_predicted_at), col(Job.predicted_at),
 )  # fmt: skip
 
 

@@ -97,15 +97,8 @@ def refit_if_due(session: Session, profile: ClusterProfile, after: int) -> bool:
 
 def refit(session: Session, profile: ClusterProfile, row: ClusterCalibrationRow) -> None:
     """Fit the cluster's usable observations and store the result on ``row``."""
-    since = as_utc(row.learn_since) if row.learn_since else None
-    query = (
-        select(AttemptObservation)
-        .where(*_usable(profile.name, profile.accelerator, since))
-        .order_by(col(AttemptObservation.created_at).desc())
-        .limit(FIT_AT_MOST)
-    )
-    stored = session.exec(query).all()
-    fitted = fit([_rebuilt(o, profile) for o in reversed(stored)])
+    stored = latest_usable(session, profile, row, FIT_AT_MOST)
+    fitted = fit([rebuilt(o, profile) for o in reversed(stored)])
     row.multipliers = {k: round(v, 6) for k, v in fitted.multipliers.items()}
     row.gpu_share, row.cpu_share = fitted.memory.gpu_share, fitted.memory.cpu_share
     row.memory_reason = fitted.memory.reason
@@ -115,7 +108,22 @@ def refit(session: Session, profile: ClusterProfile, row: ClusterCalibrationRow)
     session.add(row)
 
 
-def _rebuilt(o: AttemptObservation, profile: ClusterProfile) -> Observation:
+def latest_usable(
+    session: Session, profile: ClusterProfile, row: ClusterCalibrationRow, limit: int
+) -> list[AttemptObservation]:
+    """The latest observations a fit reads (since the last reset), newest first."""
+    since = as_utc(row.learn_since) if row.learn_since else None
+    query = (
+        select(AttemptObservation)
+        .where(*_usable(profile.name, profile.accelerator, since))
+        .order_by(col(AttemptObservation.created_at).desc())
+        .limit(limit)
+    )
+    return list(session.exec(query).all())
+
+
+def rebuilt(o: AttemptObservation, profile: ClusterProfile) -> Observation:
+    """The advisor's view of a stored observation, on its cluster as configured today."""
     assert o.step_seconds is not None
     kind: PeakKind = o.peak_kind  # type: ignore[assignment]
     return observation_of(

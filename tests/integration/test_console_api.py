@@ -210,9 +210,12 @@ def test_spec_parsing_never_fails_on_the_server_and_never_expands(
 QUERY_TEXT = st.text(max_size=30) | st.sampled_from(["%00", "-1", "0", "501", "1e9", "QUEUED"])
 
 
+CONSOLE_READS = ["jobs", "queue", "clusters", "timeline", "calibration"]
+
+
 @FUZZ
 @given(
-    route=st.sampled_from(["/console/api/jobs", "/console/api/queue", "/console/api/clusters"]),
+    route=st.sampled_from([f"/console/api/{name}" for name in CONSOLE_READS]),
     query=st.dictionaries(st.sampled_from(["status", "team", "limit", "x"]), QUERY_TEXT),
     who=st.sampled_from(["alice", "root", None]),
 )

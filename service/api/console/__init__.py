@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from service.api.console import data
+from service.api.console import calibration, data, timeline
 
 STATIC = Path(__file__).parent / "static"
 # The page holds a bearer token: only this server's own scripts may run, and nothing may frame it.
@@ -26,6 +26,8 @@ POLICY = (
 
 def mount(app: FastAPI) -> None:
     app.include_router(data.router)
+    app.include_router(timeline.router)
+    app.include_router(calibration.router)
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
     app.add_api_route("/console", _page, include_in_schema=False)
     app.add_api_route("/", _to_console, include_in_schema=False)

@@ -90,17 +90,21 @@ def job_rows(
 def queue(user: CurrentUser, session: SessionDep) -> list[QueuedJob]:
     """Waiting jobs in the order admission considers them (priority, fair share, age): for a
     member their team's alone, numbered among themselves; for an admin every team's."""
+    names = _team_names(session)
+    waiting = waiting_in_order(session, user, names)
+    return [_queued(position, job, names) for position, job in enumerate(waiting, start=1)]
+
+
+def waiting_in_order(session: Session, user: User, names: dict[int, str]) -> list[Row[Any]]:
+    """The waiting jobs the user may see, in the order admission considers them."""
     teams = session.exec(select(Team)).all()
-    names = {team.id: team.name for team in teams if team.id is not None}
     pending = waiting_jobs(session, None if user.is_admin else user.team_id)
     waiting = [as_waiting(job, names) for job in pending]
     # With no quota or cap, admission takes every job, in exactly its order of consideration.
     shares = {team.name: team.gpu_share for team in teams}
     order = admit(waiting, held(session, names), Limits(team_share=shares)).admitted
     by_id = {job.id: job for job in pending}
-    return [
-        _queued(position, by_id[job_id], names) for position, job_id in enumerate(order, start=1)
-    ]
+    return [by_id[job_id] for job_id in order]
 
 
 @router.get("/clusters", response_model=list[ClusterBudget])

@@ -144,7 +144,7 @@ async function route() {
   out.hidden = false;
   const [, page, id] = (location.hash || "#/jobs").split("/");
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === page));
-  const views = { jobs: () => (id ? jobView(decodeURIComponent(id)) : jobsView()), advisor: advisorView, teams: teamsView };
+  const views = { jobs: () => (id ? jobView(decodeURIComponent(id)) : jobsView()), advisor: advisorView, calibration: calibrationView, teams: teamsView };
   try { await (views[page] || jobsView)(); } catch (e) { if (mine === generation) show(errorBox(e)); }
 }
 const errorBox = (e) => el("div", { class: "card error" }, String(e.message || e));
@@ -567,13 +567,101 @@ function candidateLabel(c) {
   return `ZeRO-${c.zero_stage}${offload}${c.activation_checkpointing ? " +ckpt" : ""} mb=${c.micro_batch_size}×${c.gradient_accumulation_steps}`;
 }
 
+// ---------- calibration: the advisor's predictions against what runs measured ----------
+const pct = (v) => (v === null || v === undefined ? "—" : `${v >= 0 ? "+" : "−"}${Math.abs(v * 100).toFixed(1)}%`);
+const fmtMs = (s) => (s === null || s === undefined ? "—" : `${(s * 1000).toFixed(1)} ms`);
+async function calibrationView() {
+  const screen = current();
+  const clusters = await api("/console/api/calibration");
+  screen.show(el("div", { class: "card" }, el("h1", {}, "Calibration"),
+    el("p", { class: "muted" }, "Each observed run's step time and memory peak: measured (x) against the advisor's prediction (y) with this cluster's calibrated constants (filled), and as its plan said when it was made (hollow, joined to it). On the diagonal the prediction is exact; the dashed lines are the fit's typical error (docs/advisor.md).")),
+  clusters.map(clusterCalibration));
+}
+function calibrationSummary(c) {
+  const state = c.frozen ? " (frozen)" : "";
+  if (!c.observations) return `The advisor's own constants${state}: not calibrated here yet.`;
+  const source = c.imported_from ? `, imported from cluster ${c.imported_from} until its own runs refit` : "";
+  return `Calibrated on ${c.observations} run${c.observations === 1 ? "" : "s"}${source}${state}, typical step-time error ${(c.typical_error * 100).toFixed(0)}%; memory: ${c.memory_reason}.`;
+}
+function clusterCalibration(c) {
+  const head = el("div", { class: "row" }, el("h2", { style: "flex:1;margin:0" }, `cluster ${c.cluster}`, el("span", { class: "muted small" }, ` · ${c.accelerator}`)));
+  if (!c.runs.length) {
+    return el("div", { class: "card calibration", "data-cluster": c.cluster }, head, el("p", { class: "summary" }, calibrationSummary(c)),
+      el("p", { class: "muted empty" }, "No observed run on this cluster yet: a run is learnt from once it ends with enough steady steps."));
+  }
+  const steps = c.runs.map((r) => ({ id: r.attempt_id, x: r.measured_step_s, y: r.predicted_step_s, then: r.planned_step_s, learnt: r.learnt, tip: `${r.plan}: measured ${fmtMs(r.measured_step_s)}, predicted ${fmtMs(r.predicted_step_s)} (${pct(r.step_error)}); when planned ${fmtMs(r.planned_step_s)} (${pct(r.planned_step_error)})` }));
+  const peaks = c.runs.filter((r) => r.measured_peak_bytes).map((r) => ({ id: r.attempt_id, x: r.measured_peak_bytes, y: r.predicted_peak_bytes, then: r.planned_peak_bytes, learnt: r.learnt, tip: `${r.plan}: needed ${fmtBytes(r.measured_peak_bytes)}, predicted ${fmtBytes(r.predicted_peak_bytes)} (${pct(r.peak_error)})` }));
+  const band = c.observations ? c.typical_error : null;
+  return el("div", { class: "card calibration", "data-cluster": c.cluster }, head, el("p", { class: "summary" }, calibrationSummary(c)),
+    el("div", { class: "grid2 plain" },
+      el("div", {}, el("h3", {}, "Step time"), scatterChart(`step-scatter-${c.cluster}`, steps, MS, band)),
+      el("div", {}, el("h3", {}, "Memory peak per GPU (per rank on CPU)"), peaks.length ? scatterChart(`peak-scatter-${c.cluster}`, peaks, bytesUnit(peaks), null) : el("p", { class: "muted" }, "No run reported its peak."))),
+    el("div", { class: "legend" }, el("span", {}, el("i", { style: "background:#2f5fd0" }), "calibrated, learnt from"),
+      el("span", {}, el("i", { style: "background:#d9480f" }), "calibrated, newer than the fit"),
+      el("span", {}, el("i", { style: "background:#fff;outline:1.5px solid #667085" }), "as planned then")),
+    runsTable(c.runs));
+}
+function runsTable(runs) {
+  const head = ["attempt", "plan", "neighbours", "step measured", "predicted", "error", "planned then", "error", "peak needed", "predicted", "error"];
+  return lazyDetails(`The ${runs.length} run${runs.length === 1 ? "" : "s"} in numbers`, () => el("table", { class: "runs" },
+    el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))),
+    el("tbody", {}, runs.map((r) => el("tr", { "data-attempt": r.attempt_id },
+      el("td", {}, el("a", { href: `#/jobs/${r.job_id}` }, r.attempt_id), r.learnt ? null : el("div", { class: "muted small" }, "newer than the fit")),
+      el("td", { class: "small" }, r.plan), el("td", {}, String(r.neighbours)),
+      el("td", {}, fmtMs(r.measured_step_s)), el("td", {}, fmtMs(r.predicted_step_s)), el("td", {}, pct(r.step_error)),
+      el("td", {}, fmtMs(r.planned_step_s)), el("td", {}, pct(r.planned_step_error)),
+      el("td", {}, fmtBytes(r.measured_peak_bytes)), el("td", {}, fmtBytes(r.predicted_peak_bytes)), el("td", {}, pct(r.peak_error)))))));
+}
+function scatterChart(id, points, unit, band) {
+  // Measured on x, predicted on y, one scale for both, so that the diagonal is "exact".
+  const W = 560, H = 420, L = 74, R = 24, T = 12, B = 40;
+  const pw = W - L - R, ph = H - T - B;
+  const values = points.flatMap((p) => [p.x, p.y, p.then || p.y]);
+  const lo = Math.min(...values) * 0.85, hi = Math.max(...values) * 1.08;
+  const sx = (v) => L + pw * (v - lo) / (hi - lo), sy = (v) => T + ph * (1 - (v - lo) / (hi - lo));
+  const parts = [];
+  for (const t of ticks(lo / unit.per, hi / unit.per, 5)) {
+    const v = t * unit.per, words = `${+t.toPrecision(4)} ${unit.name}`;
+    parts.push(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(v), y2: sy(v) }), svg("line", { class: "grid", x1: sx(v), x2: sx(v), y1: T, y2: T + ph }),
+      svg("text", { x: L - 6, y: sy(v) + 4, "text-anchor": "end", "font-size": 10 }, words),
+      svg("text", { x: sx(v), y: T + ph + 14, "text-anchor": "middle", "font-size": 10 }, words));
+  }
+  parts.push(svg("line", { class: "axis", x1: L, x2: L, y1: T, y2: T + ph }), svg("line", { class: "axis", x1: L, x2: W - R, y1: T + ph, y2: T + ph }),
+    svg("line", { class: "diagonal", x1: sx(lo), y1: sy(lo), x2: sx(hi), y2: sy(hi) }),
+    svg("text", { x: L + pw / 2, y: H - 4, "text-anchor": "middle", "font-size": 11, fill: "#667085" }, "measured"),
+    svg("text", { x: 12, y: T + ph / 2, "text-anchor": "middle", "font-size": 11, fill: "#667085", transform: `rotate(-90 12 ${T + ph / 2})` }, `predicted (above the diagonal: ${unit.above})`));
+  if (band) {
+    for (const f of [1 + band, 1 - band]) {  // predicted = measured x (1 ± the fit's typical error)
+      const x1 = Math.max(lo, lo / f), x2 = Math.min(hi, hi / f);
+      parts.push(svg("line", { class: "band", x1: sx(x1), y1: sy(x1 * f), x2: sx(x2), y2: sy(x2 * f) }));
+    }
+  }
+  for (const p of points) {
+    if (p.then) {
+      parts.push(svg("line", { class: "moved", x1: sx(p.x), y1: sy(p.then), x2: sx(p.x), y2: sy(p.y) }),
+        svg("circle", { class: "planned", r: 3.5, cx: sx(p.x).toFixed(2), cy: sy(p.then).toFixed(2), "data-attempt": p.id, "data-measured": p.x, "data-predicted": p.then }));
+    }
+    parts.push(svg("circle", { class: `point${p.learnt ? "" : " new"}`, r: 4.5, cx: sx(p.x).toFixed(2), cy: sy(p.y).toFixed(2), "data-attempt": p.id, "data-measured": p.x, "data-predicted": p.y },
+      svg("title", {}, p.tip)));
+  }
+  return svg("svg", { id, class: "chart scatter", viewBox: `0 0 ${W} ${H}`, width: "100%", "data-lo": lo, "data-hi": hi,
+    "data-left": L, "data-top": T, "data-width": pw, "data-height": ph }, parts);
+}
+const MS = { per: 0.001, name: "ms", above: "predicted slower" };
+function bytesUnit(points) {
+  const big = Math.max(...points.map((p) => p.x)) >= 1024 ** 3;
+  return { per: big ? 1024 ** 3 : 1024 ** 2, name: big ? "GiB" : "MiB", above: "room to spare" };
+}
+
 // ---------- teams and queue ----------
 async function teamsView() {
   const screen = current();
   const teams = el("tbody", { id: "teams" });
   const queue = el("tbody", { id: "queue" });
+  const timeline = el("div", { id: "timeline" });
   const refresh = async () => {
-    const [rows, waiting] = await Promise.all([api("/v1/teams"), api("/console/api/queue")]);
+    const [rows, waiting, plan] = await Promise.all([api("/v1/teams"), api("/console/api/queue"), api("/console/api/timeline")]);
+    fill(timeline, ...timelineView(plan));
     fill(teams, ...rows.map((t) => el("tr", { "data-team": t.name }, el("td", {}, el("b", {}, t.name)),
       el("td", {}, quotaBar(t.gpus_held, t.gpu_quota)), el("td", {}, String(t.gpus_borrowed)), el("td", {}, String(t.gpus_lent)),
       el("td", {}, t.gpu_borrow_limit === null ? "none" : String(t.gpu_borrow_limit)),
@@ -585,11 +673,78 @@ async function teamsView() {
   };
   screen.show(el("div", { class: "card" }, el("h1", {}, "Teams"), el("p", { class: "muted small" }, me.is_admin ? "Every team (you are an admin)." : "Your team."),
     el("table", {}, el("thead", {}, el("tr", {}, ["team", "GPUs held / quota", "borrowed", "lent", "borrow limit", "fair share", "jobs waiting"].map((h) => el("th", {}, h)))), teams)),
+  el("div", { class: "card" }, el("h2", {}, "Timeline, per cluster"),
+    el("p", { class: "muted small" }, "Jobs holding GPUs until their predicted end, waiting jobs from their predicted start to their end (docs/scheduling.md); times in UTC. Hover a bar for what its prediction rests on."),
+    el("div", { class: "legend" }, el("span", {}, el("i", { style: "background:#2f5fd0" }), "holding GPUs"),
+      el("span", {}, el("i", { style: "background:#6b5bd2" }), "waiting: predicted start to end"),
+      el("span", {}, el("i", { style: "background:#c5c0ef;outline:1px dashed #1d2330" }), "end not known")),
+    timeline),
   el("div", { class: "card" }, el("h2", {}, "Queue, in admission order"),
     el("p", { class: "muted small" }, "Higher priority first, then the team holding the fewest GPUs per share, then the oldest."),
     el("table", {}, el("thead", {}, el("tr", {}, ["#", "job", "team", "cluster", "GPUs", "priority", "waiting", "why"].map((h) => el("th", {}, h)))), queue)));
   await refresh();
   screen.every(3000, () => refresh().catch(() => {}));
+}
+// ---------- timeline: one lane per job, a bar from its start to its predicted end ----------
+const TIME_STEPS = [10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function timelineView(plan) {
+  if (!plan.clusters.length) return [el("p", { class: "muted" }, "No job holds or waits for GPUs.")];
+  return plan.clusters.map((c) => el("div", { class: "timeline", "data-cluster": c.cluster },
+    el("h3", {}, `cluster ${c.cluster}`, el("span", { class: "muted small" }, ` · ${c.holding.length} holding GPUs, ${c.waiting.length} waiting`)),
+    timelineChart(c, utc(plan.now).getTime())));
+}
+function timelineChart(cluster, now) {
+  const rows = [...cluster.holding.map((b) => ({ ...b, kind: "holding" })), ...cluster.waiting.map((b) => ({ ...b, kind: "waiting" }))];
+  const ms = (iso) => (iso ? utc(iso).getTime() : null);
+  const known = rows.flatMap((b) => [ms(b.start_at), ms(b.end_at)]).filter((t) => t !== null);
+  const t0 = Math.min(now, ...known);
+  let t1 = Math.max(now, ...known);
+  const open = rows.some((b) => b.start_at && !b.end_at);
+  t1 = t1 + Math.max((t1 - t0) * (open ? 0.3 : 0.04), 30000);  // room after the last end (or for an open end)
+  const W = 1180, L = 300, R = 16, T = 22, lane = 28, H = T + rows.length * lane + 8;
+  const x = (t) => L + (W - L - R) * (t - t0) / (t1 - t0);
+  const parts = [];
+  const step = 1000 * (TIME_STEPS.find((s) => (t1 - t0) / (s * 1000) <= 8) || 86400 * 7);
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+    parts.push(svg("line", { class: "grid", x1: x(t), x2: x(t), y1: T - 4, y2: H }),
+      svg("text", { x: x(t), y: 12, "text-anchor": "middle", "font-size": 11, fill: "#667085" }, fmtClock(t)));
+  }
+  rows.forEach((b, i) => {
+    const y = T + i * lane, start = ms(b.start_at), end = ms(b.end_at);
+    const label = `${b.name} · ${b.team} · ${b.gpus} GPU${b.gpus === 1 ? "" : "s"}`;
+    const tip = `${b.name} (${b.status}): ${start ? fmtClock(start) : "start not known"} → ${end ? fmtClock(end) : "end not known"}\n${b.basis}`;
+    const lanes = [svg("text", { class: "label", x: L - 8, y: y + 15, "text-anchor": "end", "font-size": 12 }, label)];
+    if (start === null && b.kind === "waiting") {
+      lanes.push(svg("text", { class: "why", x: L + 4, y: y + 15, "font-size": 12, fill: "#b76e00" }, unknownWhy(b)));
+    } else {
+      const from = x(start === null ? now : start), to = end === null ? W - R : x(end);
+      lanes.push(svg("rect", { class: `bar ${b.kind}${end === null ? " open" : ""}`, x: from, y: y + 3, width: Math.max(2, to - from), height: 18, rx: 3 }, svg("title", {}, tip)));
+      const words = end === null ? unknownWhy(b) : `ends ${fmtClock(end)} (${fmtIn(end - now)})`;
+      lanes.push(barLabel(words, from, to, end === null, { L, W, R, y }));
+    }
+    parts.push(svg("g", { class: `lane ${b.kind}`, "data-job": b.id, "data-start": start ?? "", "data-end": end ?? "" }, lanes));
+  });
+  parts.push(svg("line", { class: "now", x1: x(now), x2: x(now), y1: T - 6, y2: H, "data-at": now }),
+    svg("text", { x: x(now) + 3, y: H - 2, "font-size": 11, fill: "#c0362c" }, "now"));
+  return svg("svg", { class: "timeline-chart", viewBox: `0 0 ${W} ${H}`, width: "100%", "data-t0": t0, "data-t1": t1,
+    "data-left": L, "data-width": W - L - R }, parts);
+}
+function barLabel(words, from, to, open, { L, W, R, y }) {
+  // After the bar where there is room; an open bar's words before it, else inside it.
+  const at = { class: "bar-label", y: y + 16, "font-size": 11 };
+  if (!open && W - R - to > 150) return svg("text", { ...at, x: to + 6, fill: "#667085" }, words);
+  if (open && from - L > 6.2 * words.length) return svg("text", { ...at, x: from - 6, "text-anchor": "end", fill: "#b76e00" }, words);
+  return svg("text", { ...at, x: from + 6, fill: open ? "#1d2330" : "#fff" }, words);
+}
+function unknownWhy(b) {
+  if (!b.start_at && b.kind === "waiting") return b.basis.startsWith("not predicted") ? b.basis : `start not known: ${b.basis.replace(/^start not known: /, "")}`;
+  return `end not known: ${b.basis.replace(/^.*run: /, "").replace(/^end: /, "")}`;
+}
+function fmtClock(t) { return new Date(t).toISOString().slice(11, 19); }
+function fmtIn(ms) {
+  const s = Math.round(Math.abs(ms) / 1000), sign = ms < 0 ? "ago" : "";
+  const words = s < 90 ? `${s} s` : s < 5400 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
+  return sign ? `${words} ago` : `in ${words}`;
 }
 function quotaBar(held, quota) {
   const W = 220, fill = quota ? Math.min(1, held / quota) : 0;
