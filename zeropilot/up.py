@@ -91,10 +91,15 @@ def serve_api(app: Any, host: str, port: int) -> None:
     run_api(app, host, port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
 
 
-def abandon_stuck_requests(code: int) -> None:
+def abandon_stuck_requests(code: int, settle_s: float = 1.0) -> None:
     """Exit now if a request handler's thread is still running after shutdown: the interpreter
-    would wait for it at exit, and a stuck one never ends."""
-    stuck = [t for t in threading.enumerate() if t.name == "AnyIO worker thread" and t.is_alive()]
+    would wait for it at exit, and a stuck one never ends. Idle pool threads are told to leave
+    as the event loop ends and are gone within moments, so each gets up to ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    pool = [t for t in threading.enumerate() if t.name == "AnyIO worker thread"]
+    for thread in pool:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in pool if t.is_alive()]
     if stuck:
         console.print(f"{len(stuck)} request(s) still running were abandoned", highlight=False)
         sys.stdout.flush()
